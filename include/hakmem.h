@@ -1,0 +1,67 @@
+/* hakmem: a general-purpose malloc replacement.
+ *
+ * Preload it (LD_PRELOAD=libhakmem.so) or link it (-lhakmem) and the whole
+ * malloc family, C++ new and delete included, is served by hakmem. This
+ * header adds what the standard interface lacks: ownership queries,
+ * statistics, and an explicit return of memory to the OS. Every function
+ * here is safe to call from any thread. */
+#ifndef HAKMEM_H
+#define HAKMEM_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define HAKMEM_VERSION "0.1.0"
+
+/* The library's version string (HAKMEM_VERSION of the build). */
+const char *hak_version(void);
+
+/* True if p points into a block hakmem handed out: lets a program (or a
+ * test) prove that its memory really comes from hakmem. */
+bool hak_owns(const void *p);
+
+/* Return memory to the OS now: the calling thread's empty slabs, the slabs
+ * of exited threads, and free pages. With force, pages are purged at once
+ * whatever HAKMEM_PURGE_DELAY_MS says and every empty SuperSlab beyond
+ * the reserve is unmapped; without, only pages past the delay. malloc_trim
+ * calls hak_collect(true). */
+void hak_collect(bool force);
+
+typedef struct hak_stats {
+    size_t mapped_bytes;       /* address space hakmem has mapped now */
+    size_t mapped_peak;        /* and at most */
+    size_t superslabs;         /* 2 MiB SuperSlabs mapped */
+    size_t superslabs_empty;   /* of which hold no slab (the reserve) */
+    size_t tiny_slabs;         /* slabs of blocks up to 1 KiB */
+    size_t mid_slabs;          /* slabs of larger blocks */
+    size_t tiny_bytes;         /* bytes in tiny blocks handed out */
+    size_t mid_bytes;          /* bytes in mid blocks handed out */
+    uint64_t large_allocs;     /* large blocks (own mapping) ever allocated */
+    uint64_t slab_refills;     /* times a thread took another slab */
+    size_t heaps_live;         /* threads with a heap */
+    size_t heaps_orphaned;     /* heaps of exited threads awaiting reuse */
+    size_t rss_bytes;          /* resident set size of the process */
+    uint64_t page_faults_minor;
+    uint64_t page_faults_major;
+} hak_stats_t;
+
+/* Fill *out with a snapshot (figures of other threads may be a moment old). */
+void hak_stats_get(hak_stats_t *out);
+
+/* Print the statistics report (what HAKMEM_STATS=1 prints at exit). */
+void hak_stats_print(FILE *out);
+
+/* Print the option table: name, type, default, meaning; tab-separated. */
+void hak_options_print(FILE *out);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,179 @@
+/* The allocation paths behind the inline fast paths: mid and large sizes,
+ * irregular frees (remote, flagged slabs, bad pointers), aligned
+ * allocation, usable size and realloc. */
+#include "alloc.h"
+
+#include <errno.h>
+#include <stdint.h>
+#include <string.h>
+
+/* Requests beyond PTRDIFF_MAX cannot be honoured (pointer differences
+ * would overflow), as in glibc. */
+static void *fail_enomem(void)
+{
+    errno = ENOMEM;
+    return NULL;
+}
+
+void *hak_alloc_slow_size(size_t size)
+{
+    hak_ensure_init(); /* the threshold is an option */
+    if (size <= hak_config.large_threshold)
+        return hak_alloc_class(mid_class_of(size));
+    if (unlikely(size > PTRDIFF_MAX))
+        return fail_enomem();
+    return large_alloc(size, 0);
+}
+
+/* ---- free ---------------------------------------------------------------- */
+
+void hak_free_slow(void *p, const char *op)
+{
+    if (!p)
+        return;
+    unsigned kind = segmap_kind(p);
+    if (kind == SEG_LARGE_HEAD || kind == SEG_LARGE_INTERIOR)
+        large_free(p, op);
+    else if (kind == SEG_SUPERSLAB)
+        hak_free_irregular(slab_of(superslab_of(p), p), p, op);
+    else
+        hak_report_bad_pointer(op, p, "pointer not allocated by hakmem (foreign, stack or global memory, or already freed)");
+}
+
+void hak_remote_free(slab_t *s, void *p)
+{
+    /* Read what we need before the push: once the block is on the list the
+     * owner may drain it and release the slab. */
+    heap_t *owner = atomic_load_explicit(&s->heap, memory_order_relaxed);
+    unsigned c = s->class_idx;
+    void *head = atomic_load_explicit(&s->remote, memory_order_relaxed);
+    do
+        *(void **)p = head;
+    while (!atomic_compare_exchange_weak_explicit(&s->remote, &head, p, memory_order_release,
+                                                  memory_order_relaxed));
+    _Atomic uint64_t *hint = &owner->remote_hint[c / 64];
+    uint64_t bit = (uint64_t)1 << (c % 64);
+    if (!(atomic_load_explicit(hint, memory_order_relaxed) & bit))
+        atomic_fetch_or_explicit(hint, bit, memory_order_release);
+}
+
+/* The block that p addresses, checked; NULL (after a report) if p is not
+ * the start of a carved block, or inside one of a slab with aligned blocks. */
+static void *slab_block_checked(slab_t *s, void *p, const char *op)
+{
+    if (unlikely(!s)) {
+        hak_report_bad_pointer(op, p, "pointer into hakmem memory that holds no block (freed slab or metadata)");
+        return NULL;
+    }
+    uint32_t index = slab_block_index(s, p);
+    char *block = s->start + (size_t)index * s->block_size;
+    if (unlikely(index >= s->carved)) {
+        hak_report_bad_pointer(op, p, "pointer into hakmem memory that was never handed out");
+        return NULL;
+    }
+    if (unlikely(block != (char *)p) && !(s->flags & SLAB_ALIGNED)) {
+        hak_report_bad_pointer(op, p, "interior pointer: not the start of a block");
+        return NULL;
+    }
+    return block;
+}
+
+void hak_free_irregular(slab_t *s, void *p, const char *op)
+{
+    void *block = slab_block_checked(s, p, op);
+    if (!block)
+        return;
+    heap_t *heap = heap_get();
+    if (atomic_load_explicit(&s->heap, memory_order_relaxed) != heap) {
+        hak_remote_free(s, block);
+        return;
+    }
+    if (unlikely(block == s->free || s->used == 0)) {
+        hak_report_bad_pointer(op, p, "double free");
+        return;
+    }
+    *(void **)block = s->free;
+    s->free = block;
+    s->used--;
+    if (s->flags & SLAB_FULL)
+        heap_slab_unfull(heap, s);
+    if (s->used == 0)
+        heap_slab_emptied(heap, s);
+}
+
+/* ---- usable size and realloc ------------------------------------------------- */
+
+size_t hak_usable_size_checked(const void *p, const char *op)
+{
+    unsigned kind = segmap_kind(p);
+    if (kind == SEG_SUPERSLAB) {
+        slab_t *s = slab_of(superslab_of(p), p);
+        char *block = slab_block_checked(s, (void *)p, op);
+        return block ? (size_t)(block + s->block_size - (const char *)p) : 0;
+    }
+    if (kind == SEG_LARGE_HEAD || kind == SEG_LARGE_INTERIOR)
+        return large_usable_size(p, op);
+    hak_report_bad_pointer(op, p, "pointer not allocated by hakmem (foreign, stack or global memory, or already freed)");
+    return 0;
+}
+
+void *hak_realloc_impl(void *p, size_t size)
+{
+    if (!p)
+        return hak_alloc(size);
+    if (size == 0) { /* glibc: free and return NULL */
+        hak_free(p, "realloc");
+        return NULL;
+    }
+    unsigned kind = segmap_kind(p);
+    if (kind == SEG_LARGE_HEAD || kind == SEG_LARGE_INTERIOR) {
+        if (size > hak_config.large_threshold)
+            return large_realloc(p, size);
+    }
+    size_t usable = hak_usable_size_checked(p, "realloc");
+    if (!usable) {
+        errno = EINVAL;
+        return NULL;
+    }
+    /* Stay in place unless the block would be more than half empty. */
+    if (size <= usable && size > usable / 2)
+        return p;
+    void *q = hak_alloc(size);
+    if (!q)
+        return NULL;
+    memcpy(q, p, size < usable ? size : usable);
+    hak_free(p, "realloc");
+    return q;
+}
+
+/* ---- aligned allocation ------------------------------------------------------- */
+
+/* align is a power of two. Slab blocks of a size that is a multiple of
+ * align are naturally aligned (slabs start on 64 KiB); otherwise the block
+ * is over-allocated and its slab marked so that free finds the block
+ * start. Alignments above a slab page go to the large tier. */
+void *hak_alloc_aligned(size_t align, size_t size)
+{
+    hak_ensure_init(); /* the class tables below must be filled */
+    if (align <= 8 || (align <= 16 && size > 8))
+        return hak_alloc(size);
+    if (unlikely(size > PTRDIFF_MAX - align))
+        return fail_enomem();
+    size_t natural = size < align ? align : size;
+    if (align <= SLAB_PAGE_SIZE && natural <= hak_config.large_threshold) {
+        unsigned c = class_of(natural);
+        if (hak_class_size[c] % align == 0)
+            return hak_alloc_class(c);
+        size_t padded = size + align - 16; /* blocks above 8 B are 16-aligned */
+        if (padded <= hak_config.large_threshold) {
+            char *b = hak_alloc(padded);
+            if (!b)
+                return NULL;
+            char *aligned = (char *)(((uintptr_t)b + align - 1) & ~(uintptr_t)(align - 1));
+            if (aligned != b)
+                slab_of(superslab_of(b), b)->flags |= SLAB_ALIGNED;
+            return aligned;
+        }
+    }
+    return large_alloc(size, align);
+}

@@ -1,0 +1,438 @@
+/* Per-thread heaps: the slow path behind the allocation fast path (refill,
+ * remote-free draining, new slabs), thread exit and reuse of what exited
+ * threads left, and fork. */
+#include "internal.h"
+
+#include <pthread.h>
+#include <string.h>
+
+slab_t hak_empty_slab;
+heap_t hak_empty_heap = {.cur = {[0 ... CLASS_COUNT - 1] = &hak_empty_slab}};
+HAK_TLS heap_t *hak_tl_heap = &hak_empty_heap;
+
+static pthread_mutex_t heaps_lock = PTHREAD_MUTEX_INITIALIZER;
+static heap_t *all_heaps;             /* every heap ever made; never freed */
+static heap_t *orphans;               /* heaps of exited threads, not yet reused */
+static _Atomic size_t orphan_count;
+static pthread_key_t heap_key;
+static _Atomic bool heap_key_ready;
+static char *meta_next, *meta_end;    /* bump arena for heap structs */
+
+#define META_CHUNK ((size_t)256 << 10)
+#define CARVE_BYTES 4096 /* carve a page's worth of blocks at a time: touch memory only as used */
+
+/* ---- slab lists ---------------------------------------------------------- */
+
+static void list_push(slab_t **head, slab_t *s)
+{
+    s->prev = NULL;
+    s->next = *head;
+    if (*head)
+        (*head)->prev = s;
+    *head = s;
+}
+
+static void list_remove(slab_t **head, slab_t *s)
+{
+    if (s->prev)
+        s->prev->next = s->next;
+    else
+        *head = s->next;
+    if (s->next)
+        s->next->prev = s->prev;
+    s->next = s->prev = NULL;
+}
+
+/* ---- slab operations (owner only) ----------------------------------------- */
+
+/* Move blocks other threads freed onto the local list. */
+static void slab_drain_remote(slab_t *s)
+{
+    void *list = atomic_exchange_explicit(&s->remote, NULL, memory_order_acquire);
+    if (!list)
+        return;
+    uint32_t n = 1;
+    void *tail = list;
+    while (*(void **)tail) {
+        tail = *(void **)tail;
+        n++;
+    }
+    if (unlikely(n > s->used)) {
+        hak_report_bad_pointer("free", list, "more blocks freed than allocated in this slab (double free from another thread)");
+        return; /* leak the list rather than hand a block out twice */
+    }
+    *(void **)tail = s->free;
+    s->free = list;
+    s->used -= n;
+}
+
+/* Thread the next never-used blocks into the free list. */
+static bool slab_carve(slab_t *s)
+{
+    uint32_t left = s->capacity - s->carved;
+    if (!left)
+        return false;
+    uint32_t n = CARVE_BYTES / s->block_size;
+    n = n == 0 ? 1 : n > left ? left : n;
+    char *first = s->start + (size_t)s->carved * s->block_size;
+    char *b = first;
+    for (uint32_t i = 1; i < n; i++, b += s->block_size)
+        *(void **)b = b + s->block_size;
+    *(void **)b = s->free;
+    s->free = first;
+    s->carved += n;
+    return true;
+}
+
+static bool slab_has_room(slab_t *s)
+{
+    return s->free || s->carved < s->capacity || atomic_load_explicit(&s->remote, memory_order_relaxed);
+}
+
+static void *slab_pop(slab_t *s)
+{
+    void *b = s->free;
+    s->free = *(void **)b;
+    s->used++;
+    return b;
+}
+
+/* A slab the heap keeps: cur, on avail, or on full. */
+static void heap_file_slab(heap_t *heap, slab_t *s)
+{
+    unsigned c = s->class_idx;
+    if (slab_has_room(s)) {
+        s->flags &= (uint8_t)~SLAB_FULL;
+        list_push(&heap->avail[c], s);
+    } else {
+        s->flags |= SLAB_FULL;
+        list_push(&heap->full[c], s);
+    }
+}
+
+static void heap_unlink_slab(heap_t *heap, slab_t *s)
+{
+    unsigned c = s->class_idx;
+    if (heap->cur[c] == s)
+        heap->cur[c] = &hak_empty_slab;
+    else if (s->flags & SLAB_FULL)
+        list_remove(&heap->full[c], s);
+    else
+        list_remove(&heap->avail[c], s);
+}
+
+static void heap_release_slab(heap_t *heap, slab_t *s)
+{
+    heap_unlink_slab(heap, s);
+    superslab_slab_release(s);
+}
+
+/* ---- fast-path support ----------------------------------------------------- */
+
+/* The owner freed the last block of s. The current slab of its class is
+ * kept (the next allocation would take it back); others go back to the
+ * SuperSlab so any class can use the pages. */
+void heap_slab_emptied(heap_t *heap, slab_t *s)
+{
+    if (heap->cur[s->class_idx] != s)
+        heap_release_slab(heap, s);
+}
+
+/* The owner freed a block into a slab on its full list. */
+void heap_slab_unfull(heap_t *heap, slab_t *s)
+{
+    list_remove(&heap->full[s->class_idx], s);
+    s->flags &= (uint8_t)~SLAB_FULL;
+    list_push(&heap->avail[s->class_idx], s);
+}
+
+/* Remote frees into full slabs are announced by a hint bit per class. */
+static bool heap_take_hint(heap_t *heap, unsigned c)
+{
+    _Atomic uint64_t *word = &heap->remote_hint[c / 64];
+    uint64_t bit = (uint64_t)1 << (c % 64);
+    if (!(atomic_load_explicit(word, memory_order_relaxed) & bit))
+        return false;
+    atomic_fetch_and_explicit(word, ~bit, memory_order_acquire);
+    return true;
+}
+
+static void heap_revive_full(heap_t *heap, unsigned c)
+{
+    for (slab_t *s = heap->full[c], *next; s; s = next) {
+        next = s->next;
+        slab_drain_remote(s);
+        if (s->used == 0) {
+            heap_release_slab(heap, s);
+        } else if (s->free) {
+            list_remove(&heap->full[c], s);
+            s->flags &= (uint8_t)~SLAB_FULL;
+            list_push(&heap->avail[c], s);
+        }
+    }
+}
+
+static bool heap_absorb_orphan(heap_t *heap);
+
+/* Make heap->cur[c] a slab with a non-empty free list. */
+static bool heap_refill(heap_t *heap, unsigned c)
+{
+    for (;;) {
+        slab_t *s = heap->cur[c];
+        if (s != &hak_empty_slab) {
+            if (s->free || slab_carve(s))
+                return true;
+            slab_drain_remote(s);
+            if (s->free)
+                return true;
+            s->flags |= SLAB_FULL;
+            list_push(&heap->full[c], s);
+            heap->cur[c] = &hak_empty_slab;
+        }
+        if (heap_take_hint(heap, c))
+            heap_revive_full(heap, c);
+        s = heap->avail[c];
+        if (s) {
+            list_remove(&heap->avail[c], s);
+        } else if (atomic_load_explicit(&orphan_count, memory_order_relaxed) &&
+                   heap_absorb_orphan(heap)) {
+            continue;
+        } else {
+            s = superslab_slab_acquire(heap, c);
+            if (!s)
+                return false;
+        }
+        heap->cur[c] = s;
+        heap->slab_refills++;
+    }
+}
+
+void *heap_alloc_slow(heap_t *heap, unsigned c)
+{
+    if (unlikely(heap == &hak_empty_heap)) {
+        heap = heap_thread_init();
+        if (!heap)
+            return NULL;
+    }
+    atomic_store_explicit(&heap->in_slow, 1, memory_order_relaxed);
+    atomic_signal_fence(memory_order_seq_cst);
+    void *b = heap_refill(heap, c) ? slab_pop(heap->cur[c]) : NULL;
+    atomic_signal_fence(memory_order_seq_cst);
+    atomic_store_explicit(&heap->in_slow, 0, memory_order_relaxed);
+    return b;
+}
+
+/* ---- collection -------------------------------------------------------------- */
+
+/* Drain every slab, give empty ones back, refile the rest. */
+static void heap_tidy(heap_t *heap)
+{
+    for (unsigned c = 0; c < CLASS_COUNT; c++) {
+        slab_t *s = heap->cur[c];
+        if (s != &hak_empty_slab) {
+            heap->cur[c] = &hak_empty_slab;
+            slab_drain_remote(s);
+            if (s->used == 0)
+                superslab_slab_release(s);
+            else
+                heap_file_slab(heap, s);
+        }
+        slab_t *lists[2] = {heap->avail[c], heap->full[c]};
+        heap->avail[c] = heap->full[c] = NULL;
+        for (int l = 0; l < 2; l++)
+            for (slab_t *it = lists[l], *next; it; it = next) {
+                next = it->next;
+                slab_drain_remote(it);
+                if (it->used == 0)
+                    superslab_slab_release(it);
+                else
+                    heap_file_slab(heap, it);
+            }
+    }
+}
+
+void heap_collect(heap_t *heap)
+{
+    if (heap == &hak_empty_heap)
+        return;
+    atomic_store_explicit(&heap->in_slow, 1, memory_order_relaxed);
+    heap_tidy(heap);
+    atomic_store_explicit(&heap->in_slow, 0, memory_order_relaxed);
+}
+
+/* ---- heap lifetime ------------------------------------------------------------ */
+
+static heap_t *heap_new_locked(void)
+{
+    for (heap_t *h = all_heaps; h; h = h->next_all)
+        if (h->state == HEAP_FREE)
+            return h;
+    size_t size = (sizeof(heap_t) + 63) & ~(size_t)63;
+    if (meta_next + size > meta_end) {
+        meta_next = os_map(META_CHUNK);
+        if (!meta_next)
+            return NULL;
+        meta_end = meta_next + META_CHUNK;
+    }
+    heap_t *h = (heap_t *)meta_next;
+    meta_next += size;
+    memcpy(h->cur, hak_empty_heap.cur, sizeof h->cur);
+    h->next_all = all_heaps;
+    all_heaps = h;
+    return h;
+}
+
+/* Give the calling thread a heap: an exited thread's, with all its slabs,
+ * if one is waiting, else a fresh one. */
+heap_t *heap_thread_init(void)
+{
+    hak_ensure_init();
+    pthread_mutex_lock(&heaps_lock);
+    heap_t *h = orphans;
+    if (h) {
+        orphans = h->next_orphan;
+        atomic_fetch_sub_explicit(&orphan_count, 1, memory_order_relaxed);
+    } else {
+        h = heap_new_locked();
+    }
+    if (h)
+        h->state = HEAP_LIVE;
+    pthread_mutex_unlock(&heaps_lock);
+    if (!h)
+        return NULL;
+    hak_tl_heap = h;
+    if (atomic_load_explicit(&heap_key_ready, memory_order_acquire))
+        pthread_setspecific(heap_key, h);
+    return h;
+}
+
+static void heap_push_orphan_locked(heap_t *h)
+{
+    h->state = HEAP_ORPHAN;
+    h->next_orphan = orphans;
+    orphans = h;
+    atomic_fetch_add_explicit(&orphan_count, 1, memory_order_relaxed);
+}
+
+/* Thread exit: give empty slabs back now and leave the rest for the next
+ * thread (or an allocating thread) to take over. Blocks freed later by
+ * other threads land on the slabs' remote lists meanwhile. */
+static void heap_thread_exit(void *arg)
+{
+    heap_t *h = arg;
+    if (h != hak_tl_heap)
+        return;
+    heap_collect(h);
+    hak_tl_heap = &hak_empty_heap;
+    pthread_mutex_lock(&heaps_lock);
+    heap_push_orphan_locked(h);
+    pthread_mutex_unlock(&heaps_lock);
+    if (hak_config.verbose)
+        hak_warn("thread exited; its heap waits for reuse", NULL);
+}
+
+/* Take over every slab of one orphaned heap. Remote frees may race with the
+ * change of owner; they only ever push onto a slab's remote list, which
+ * the new owner drains. */
+static bool heap_absorb_orphan(heap_t *heap)
+{
+    pthread_mutex_lock(&heaps_lock);
+    heap_t *o = orphans;
+    if (o) {
+        orphans = o->next_orphan;
+        atomic_fetch_sub_explicit(&orphan_count, 1, memory_order_relaxed);
+        /* Reserved while its slabs move; a fork meanwhile leaves it alone. */
+        o->state = HEAP_LIVE;
+        atomic_store_explicit(&o->in_slow, 1, memory_order_relaxed);
+    }
+    pthread_mutex_unlock(&heaps_lock);
+    if (!o)
+        return false;
+    for (unsigned c = 0; c < CLASS_COUNT; c++) {
+        slab_t *lists[3] = {o->cur[c] == &hak_empty_slab ? NULL : o->cur[c], o->avail[c], o->full[c]};
+        if (lists[0])
+            lists[0]->next = NULL;
+        o->cur[c] = &hak_empty_slab;
+        o->avail[c] = o->full[c] = NULL;
+        for (int l = 0; l < 3; l++)
+            for (slab_t *s = lists[l], *next; s; s = next) {
+                next = s->next;
+                atomic_store_explicit(&s->heap, heap, memory_order_release);
+                slab_drain_remote(s);
+                if (s->used == 0)
+                    superslab_slab_release(s);
+                else
+                    heap_file_slab(heap, s);
+            }
+    }
+    pthread_mutex_lock(&heaps_lock);
+    atomic_store_explicit(&o->in_slow, 0, memory_order_relaxed);
+    o->state = HEAP_FREE;
+    pthread_mutex_unlock(&heaps_lock);
+    return true;
+}
+
+void heaps_collect_orphans(void)
+{
+    heap_t *heap = hak_tl_heap;
+    if (heap == &hak_empty_heap)
+        heap = heap_thread_init();
+    if (!heap)
+        return;
+    atomic_store_explicit(&heap->in_slow, 1, memory_order_relaxed);
+    while (atomic_load_explicit(&orphan_count, memory_order_relaxed) && heap_absorb_orphan(heap))
+        ;
+    atomic_store_explicit(&heap->in_slow, 0, memory_order_relaxed);
+}
+
+void heaps_totals(size_t *live, size_t *orphaned, uint64_t *slab_refills)
+{
+    pthread_mutex_lock(&heaps_lock);
+    for (heap_t *h = all_heaps; h; h = h->next_all) {
+        *live += h->state == HEAP_LIVE;
+        *orphaned += h->state == HEAP_ORPHAN;
+        *slab_refills += h->slab_refills;
+    }
+    pthread_mutex_unlock(&heaps_lock);
+}
+
+/* ---- fork ------------------------------------------------------------------------ */
+
+void heaps_fork_prepare(void)
+{
+    pthread_mutex_lock(&heaps_lock);
+    superslab_fork_prepare();
+}
+
+void heaps_fork_parent(void)
+{
+    superslab_fork_parent();
+    pthread_mutex_unlock(&heaps_lock);
+}
+
+/* In the child only the forking thread survives. The other threads' heaps
+ * become orphans that the child can take over, unless the fork caught one
+ * in the middle of a list update: that one is left alone (its memory is
+ * lost to the child, never corrupted). */
+void heaps_fork_child(void)
+{
+    superslab_fork_child();
+    for (heap_t *h = all_heaps; h; h = h->next_all) {
+        if (h->state != HEAP_LIVE || h == hak_tl_heap)
+            continue;
+        if (atomic_load_explicit(&h->in_slow, memory_order_relaxed))
+            h->state = HEAP_DEAD;
+        else
+            heap_push_orphan_locked(h);
+    }
+    pthread_mutex_unlock(&heaps_lock);
+}
+
+void heaps_process_init(void)
+{
+    if (pthread_key_create(&heap_key, heap_thread_exit) == 0)
+        atomic_store_explicit(&heap_key_ready, true, memory_order_release);
+    if (hak_tl_heap != &hak_empty_heap)
+        pthread_setspecific(heap_key, hak_tl_heap);
+    pthread_atfork(heaps_fork_prepare, heaps_fork_parent, heaps_fork_child);
+}

@@ -1,0 +1,24 @@
+/* Process initialisation: lazy, run by the first allocation, and
+ * recursion-safe: nothing before the ready state can allocate, and what
+ * runs after it (thread-exit key, fork handlers) may call malloc freely. */
+#include "internal.h"
+
+#include <sched.h>
+
+_Atomic int hak_init_state;
+
+void hak_init_slow(void)
+{
+    int expected = 0;
+    if (atomic_compare_exchange_strong(&hak_init_state, &expected, 1)) {
+        sizeclass_init();
+        options_init();
+        segmap_init();
+        atomic_store_explicit(&hak_init_state, 2, memory_order_release);
+        heaps_process_init();
+        stats_init();
+        return;
+    }
+    while (atomic_load_explicit(&hak_init_state, memory_order_acquire) != 2)
+        sched_yield();
+}

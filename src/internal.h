@@ -1,0 +1,310 @@
+/* hakmem internal definitions: layout constants, data structures and the
+ * small inline helpers shared by the tiers. Nothing here is exported. */
+#ifndef HAKMEM_INTERNAL_H
+#define HAKMEM_INTERNAL_H
+
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define likely(x) __builtin_expect(!!(x), 1)
+#define unlikely(x) __builtin_expect(!!(x), 0)
+#define HAK_EXPORT __attribute__((visibility("default")))
+#define HAK_NOINLINE __attribute__((noinline))
+#define HAK_TLS __attribute__((tls_model("initial-exec"))) __thread
+
+#ifdef HAKMEM_DEBUG
+#define hak_assert(c) ((c) ? (void)0 : hak_assert_fail(#c, __FILE__, __LINE__))
+#else
+#define hak_assert(c) ((void)0)
+#endif
+
+/* ---- Layout ------------------------------------------------------------ */
+
+/* A SuperSlab is a 2 MiB-aligned region: the owner of any pointer is found
+ * by masking. Page 0 holds the header and the slab descriptors; pages 1..31
+ * are carved into slabs of one or more 64 KiB pages. */
+#define SS_SHIFT 21
+#define SS_SIZE ((size_t)1 << SS_SHIFT)
+#define SS_MASK (SS_SIZE - 1)
+#define SLAB_PAGE_SHIFT 16
+#define SLAB_PAGE_SIZE ((size_t)1 << SLAB_PAGE_SHIFT)
+#define SS_PAGES (SS_SIZE / SLAB_PAGE_SIZE) /* 32 */
+#define SS_FIRST_DATA_PAGE 1
+#define SS_MAX_SPAN (SS_PAGES - SS_FIRST_DATA_PAGE) /* 31 pages */
+#define SS_MAGIC 0x48414b53u                        /* "HAKS" */
+
+/* The address space hakmem can map: 48 bits covers x86-64 (47-bit user
+ * space) and aarch64 with 4-level tables. The segment map has one byte per
+ * 2 MiB chunk of it. */
+#define ADDRESS_BITS 48
+#define SEGMAP_ENTRIES ((size_t)1 << (ADDRESS_BITS - SS_SHIFT))
+
+enum seg_kind {
+    SEG_NONE = 0,           /* not hakmem's */
+    SEG_SUPERSLAB = 1,      /* a SuperSlab header is at the chunk start */
+    SEG_LARGE_HEAD = 2,     /* a large block's header is at the chunk start */
+    SEG_LARGE_INTERIOR = 3, /* inside a large mapping; header in an earlier chunk */
+};
+
+/* ---- Size classes ------------------------------------------------------ */
+
+/* Tiny: 8 B, then 16 B steps to 1 KiB (65 classes, 16 B granularity keeps
+ * rounding waste near glibc's). Mid: 8 classes per doubling above 1 KiB
+ * (at most 12.5% rounding waste) up to 1 MiB. */
+#define TINY_MAX 1024
+#define TINY_CLASSES 65
+#define MID_CLASSES_PER_DOUBLING 8
+#define MID_MIN_SHIFT 10 /* 1 KiB */
+#define MID_MAX_SHIFT 20 /* 1 MiB */
+#define SLAB_CLASS_MAX ((size_t)1 << MID_MAX_SHIFT)
+#define CLASS_COUNT (TINY_CLASSES + (MID_MAX_SHIFT - MID_MIN_SHIFT) * MID_CLASSES_PER_DOUBLING)
+
+extern const uint8_t hak_tiny_class_of[TINY_MAX / 8 + 1];
+extern uint32_t hak_class_size[CLASS_COUNT];
+extern uint8_t hak_class_span[CLASS_COUNT];
+void sizeclass_init(void);
+
+static inline unsigned mid_class_of(size_t size)
+{
+    /* size in (2^b, 2^(b+1)] maps to one of 8 steps of 2^(b-3). */
+    unsigned b = 63u - (unsigned)__builtin_clzll(size - 1);
+    unsigned step = (unsigned)((size - 1 - ((size_t)1 << b)) >> (b - 3));
+    return TINY_CLASSES + (b - MID_MIN_SHIFT) * MID_CLASSES_PER_DOUBLING + step;
+}
+
+/* Valid for 0 <= size <= SLAB_CLASS_MAX. */
+static inline unsigned class_of(size_t size)
+{
+    if (likely(size <= TINY_MAX))
+        return hak_tiny_class_of[(size + 7) >> 3];
+    return mid_class_of(size);
+}
+
+static inline bool class_is_tiny(unsigned c) { return c < TINY_CLASSES; }
+
+/* ---- Slabs and SuperSlabs ---------------------------------------------- */
+
+struct heap;
+
+enum slab_flag {
+    SLAB_FULL = 1,    /* on the heap's full list: a local free must move it back */
+    SLAB_ALIGNED = 2, /* holds over-allocated aligned blocks: interior frees allowed */
+};
+
+/* One slab: a run of 64 KiB pages holding blocks of one size class. The
+ * owner thread pops and pushes `free` without atomics; other threads push
+ * onto `remote` with one CAS and the owner drains it when it refills. */
+typedef struct slab {
+    void *free;                /* owner-local free list, linked through the blocks */
+    uint32_t used;             /* blocks out, as the owner counts them */
+    uint8_t flags;             /* enum slab_flag; 0 on the fast path */
+    uint8_t class_idx;
+    uint8_t span;              /* pages */
+    uint8_t in_use;            /* owned by a heap (else the pages are free) */
+    _Atomic(struct heap *) heap; /* owner; compared with the caller's heap on free */
+    char *start;               /* first block (page aligned) */
+    uint64_t recip;            /* ceil(2^43 / block_size): exact division for offsets < 2 MiB */
+    uint32_t block_size;
+    uint32_t capacity;         /* blocks that fit in the slab */
+    uint32_t carved;           /* blocks carved so far; the rest were never touched */
+    uint32_t pad_;
+    struct slab *next, *prev;  /* the owner heap's list for this class */
+    _Alignas(64) _Atomic(void *) remote; /* MPSC list of blocks freed by other threads */
+} slab_t;
+
+#define RECIP_SHIFT 43
+
+typedef struct superslab {
+    uint32_t magic;
+    uint32_t free_pages;      /* bit i: data page i belongs to no slab */
+    uint32_t dirty_pages;     /* free pages touched since they were last purged */
+    uint32_t pad_;
+    uint64_t dirty_since_ms;  /* when the oldest unpurged page was freed */
+    struct superslab *next, *prev; /* global list, under ss_lock */
+    uint8_t page_slab[SS_PAGES];   /* head page of the slab covering page i, 0 = none */
+    _Alignas(64) slab_t slabs[SS_PAGES]; /* indexed by head page */
+} superslab_t;
+
+static inline superslab_t *superslab_of(const void *p)
+{
+    return (superslab_t *)((uintptr_t)p & ~(uintptr_t)SS_MASK);
+}
+
+/* The slab descriptor covering p, or NULL when p lies in the header page or
+ * in free pages. */
+static inline slab_t *slab_of(superslab_t *ss, const void *p)
+{
+    unsigned head = ss->page_slab[((uintptr_t)p & SS_MASK) >> SLAB_PAGE_SHIFT];
+    return head ? &ss->slabs[head] : NULL;
+}
+
+/* Index of the block that contains p (p inside the slab). */
+static inline uint32_t slab_block_index(const slab_t *s, const void *p)
+{
+    uint64_t off = (uint64_t)((const char *)p - s->start);
+    return (uint32_t)((off * s->recip) >> RECIP_SHIFT);
+}
+
+/* ---- Segment map ------------------------------------------------------- */
+
+extern _Atomic(uint8_t) *hak_segmap;
+extern uintptr_t hak_segmap_limit; /* 0 until the map exists, then 2^ADDRESS_BITS */
+
+static inline unsigned segmap_kind(const void *p)
+{
+    uintptr_t a = (uintptr_t)p;
+    if (unlikely(a >= hak_segmap_limit))
+        return SEG_NONE;
+    return atomic_load_explicit(&hak_segmap[a >> SS_SHIFT], memory_order_relaxed);
+}
+
+void segmap_set(void *chunk, size_t size, unsigned head_kind);
+void segmap_clear(void *chunk, size_t size);
+void segmap_init(void);
+
+/* ---- Thread heaps ------------------------------------------------------ */
+
+enum heap_state { HEAP_LIVE, HEAP_ORPHAN, HEAP_FREE, HEAP_DEAD };
+
+/* Per-thread state. cur[c] is never NULL: it points at a sentinel slab with
+ * an empty free list until the class is first used, so the fast path needs
+ * no test. Heaps are never unmapped (a remote free may still read one). */
+typedef struct heap {
+    slab_t *cur[CLASS_COUNT];   /* the slab the fast path allocates from */
+    slab_t *avail[CLASS_COUNT]; /* other owned slabs with room */
+    slab_t *full[CLASS_COUNT];  /* owned slabs with no room; remote frees revive them */
+    _Atomic uint64_t remote_hint[(CLASS_COUNT + 63) / 64]; /* class got a remote free */
+    _Atomic int in_slow;       /* inside a list update (fork safety) */
+    int state;                 /* enum heap_state, under heaps_lock */
+    struct heap *next_all;     /* registry of every heap ever made */
+    struct heap *next_orphan;
+    uint64_t slab_refills;     /* read racily by the report */
+} heap_t;
+
+extern slab_t hak_empty_slab;
+extern heap_t hak_empty_heap;
+extern HAK_TLS heap_t *hak_tl_heap;
+
+static inline heap_t *heap_get(void) { return hak_tl_heap; }
+
+void *heap_alloc_slow(heap_t *heap, unsigned c);
+heap_t *heap_thread_init(void);
+void heap_slab_emptied(heap_t *heap, slab_t *s);
+void heap_slab_unfull(heap_t *heap, slab_t *s);
+void heap_collect(heap_t *heap);
+void heaps_collect_orphans(void);
+void heaps_fork_prepare(void);
+void heaps_fork_parent(void);
+void heaps_fork_child(void);
+void heaps_process_init(void);
+void heaps_totals(size_t *live, size_t *orphaned, uint64_t *slab_refills);
+
+/* ---- SuperSlab pool ---------------------------------------------------- */
+
+slab_t *superslab_slab_acquire(heap_t *heap, unsigned c);
+void superslab_slab_release(slab_t *s);
+void superslab_purge(bool force);
+void superslab_fork_prepare(void);
+void superslab_fork_parent(void);
+void superslab_fork_child(void);
+void superslab_stats(size_t *superslabs, size_t *empty, size_t slabs[2], size_t bytes[2]);
+
+/* ---- Large blocks ------------------------------------------------------ */
+
+#define LARGE_MAGIC 0x4841424cu /* "HABL" */
+
+typedef struct large_hdr {
+    uint32_t magic;
+    uint32_t pad_;
+    char *map_base;  /* the whole mapping */
+    size_t map_size;
+    char *user;      /* the pointer handed out */
+    size_t usable;   /* bytes usable from user */
+} large_hdr_t;
+
+#define LARGE_HEADER_SIZE 64
+
+extern _Atomic uint64_t hak_large_allocs;
+
+void *large_alloc(size_t size, size_t align);
+void large_free(void *p, const char *op);
+size_t large_usable_size(const void *p, const char *op);
+void *large_realloc(void *p, size_t size);
+large_hdr_t *large_header_of(const void *p);
+
+/* ---- Allocation entry points (alloc.c) --------------------------------- */
+
+void *hak_alloc_slow_size(size_t size);
+void hak_free_slow(void *p, const char *op);
+void *hak_alloc_aligned(size_t align, size_t size);
+size_t hak_usable_size_checked(const void *p, const char *op);
+void *hak_realloc_impl(void *p, size_t size);
+void hak_remote_free(slab_t *s, void *p);
+void hak_free_irregular(slab_t *s, void *p, const char *op);
+
+/* ---- Options (options.c) ----------------------------------------------- */
+
+enum on_error { ON_ERROR_ABORT, ON_ERROR_WARN };
+
+typedef struct hak_config {
+    int on_error;             /* enum on_error */
+    long superslab_reserve;
+    size_t large_threshold;
+    long purge_delay_ms;
+    bool stats;
+    bool verbose;
+} hak_config_t;
+
+extern hak_config_t hak_config;
+void options_init(void);
+
+/* ---- Process init (init.c) --------------------------------------------- */
+
+extern _Atomic int hak_init_state; /* 0 none, 1 running, 2 ready */
+void hak_init_slow(void);
+void stats_init(void);
+static inline void hak_ensure_init(void)
+{
+    if (unlikely(atomic_load_explicit(&hak_init_state, memory_order_acquire) != 2))
+        hak_init_slow();
+}
+
+/* ---- OS layer (os.c): the only file that talks to the kernel ----------- */
+
+void *os_map(size_t size);
+void *os_map_aligned(size_t size, size_t align);
+void *os_map_aligned_at(size_t size, size_t align, size_t offset);
+void *os_remap_aligned(void *p, size_t old_size, size_t new_size, size_t align);
+void *os_reserve(size_t size);
+void os_unmap(void *p, size_t size);
+void os_purge(void *p, size_t size);
+size_t os_page_size(void);
+uint64_t os_now_ms(void);
+void os_write_stderr(const char *s, size_t n);
+size_t os_rss_bytes(void);
+void os_page_faults(uint64_t *minor, uint64_t *major);
+
+/* Bytes mapped by hakmem right now, and its peak (os.c). */
+extern _Atomic size_t hak_mapped_bytes;
+extern _Atomic size_t hak_mapped_peak;
+
+/* ---- Diagnostics (error.c) --------------------------------------------- */
+
+/* A growing message line without malloc or stdio. */
+typedef struct msgbuf {
+    char buf[256];
+    size_t len;
+} msgbuf_t;
+
+void msg_str(msgbuf_t *m, const char *s);
+void msg_ptr(msgbuf_t *m, const void *p);
+void msg_uint(msgbuf_t *m, uint64_t v);
+
+void hak_report_bad_pointer(const char *op, const void *p, const char *fault);
+void hak_warn(const char *what, const char *detail);
+void hak_fatal(const char *what) __attribute__((noreturn));
+void hak_assert_fail(const char *cond, const char *file, int line) __attribute__((noreturn));
+
+#endif

@@ -1,0 +1,138 @@
+/* Large blocks: each in its own mapping whose first 2 MiB chunk starts with
+ * a header, so that masking the user pointer finds it. The segment map
+ * marks the header chunk and every chunk after it, which lets free tell an
+ * interior pointer from a foreign one. */
+#define _GNU_SOURCE
+#include "internal.h"
+
+#include <errno.h>
+#include <string.h>
+
+_Atomic uint64_t hak_large_allocs;
+
+static size_t page_round(size_t n)
+{
+    size_t page = os_page_size();
+    return (n + page - 1) & ~(page - 1);
+}
+
+/* align is 0 or a power of two. Alignments below 2 MiB place the block at
+ * an aligned offset inside the header chunk; larger ones map an extra
+ * chunk for the header right before the aligned block. */
+void *large_alloc(size_t size, size_t align)
+{
+    hak_ensure_init();
+    size_t offset = align > LARGE_HEADER_SIZE ? align : LARGE_HEADER_SIZE;
+    bool header_chunk_apart = offset >= SS_SIZE;
+    if (header_chunk_apart)
+        offset = SS_SIZE;
+    if (size > SIZE_MAX - offset - SS_SIZE - (align > SS_SIZE ? align : 0)) {
+        errno = ENOMEM;
+        return NULL;
+    }
+    size_t map_size = page_round(offset + size);
+    char *base = header_chunk_apart ? os_map_aligned_at(map_size, align, SS_SIZE)
+                                    : os_map_aligned_at(map_size, SS_SIZE, 0);
+    if (!base) {
+        errno = ENOMEM;
+        return NULL;
+    }
+    large_hdr_t *h = (large_hdr_t *)base;
+    h->magic = LARGE_MAGIC;
+    h->map_base = base;
+    h->map_size = map_size;
+    h->user = base + offset;
+    h->usable = map_size - offset;
+    segmap_set(base, map_size, SEG_LARGE_HEAD);
+    atomic_fetch_add_explicit(&hak_large_allocs, 1, memory_order_relaxed);
+    return h->user;
+}
+
+/* The header of the large mapping that contains p, or NULL. */
+large_hdr_t *large_header_of(const void *p)
+{
+    uintptr_t chunk = (uintptr_t)p & ~(uintptr_t)SS_MASK;
+    unsigned kind = segmap_kind((void *)chunk);
+    while (kind == SEG_LARGE_INTERIOR) {
+        chunk -= SS_SIZE;
+        kind = segmap_kind((void *)chunk);
+    }
+    if (kind != SEG_LARGE_HEAD)
+        return NULL;
+    large_hdr_t *h = (large_hdr_t *)chunk;
+    return h->magic == LARGE_MAGIC ? h : NULL;
+}
+
+static large_hdr_t *large_header_checked(const void *p, const char *op)
+{
+    large_hdr_t *h = large_header_of(p);
+    if (!h) {
+        hak_report_bad_pointer(op, p, "pointer into hakmem memory that holds no block");
+        return NULL;
+    }
+    if (h->user != (const char *)p) {
+        hak_report_bad_pointer(op, p, "interior pointer: not the start of a block");
+        return NULL;
+    }
+    return h;
+}
+
+void large_free(void *p, const char *op)
+{
+    large_hdr_t *h = large_header_checked(p, op);
+    if (!h)
+        return;
+    char *base = h->map_base;
+    size_t size = h->map_size;
+    h->magic = 0;
+    segmap_clear(base, size);
+    os_unmap(base, size);
+}
+
+size_t large_usable_size(const void *p, const char *op)
+{
+    large_hdr_t *h = large_header_checked(p, op);
+    return h ? h->usable : 0;
+}
+
+/* Grow or shrink in place when the mapping allows, else move the pages
+ * with mremap: the contents are never copied. */
+void *large_realloc(void *p, size_t size)
+{
+    large_hdr_t *h = large_header_checked(p, "realloc");
+    if (!h) {
+        errno = EINVAL;
+        return NULL;
+    }
+    size_t offset = (size_t)(h->user - h->map_base);
+    if (size > SIZE_MAX - offset - SS_SIZE) {
+        errno = ENOMEM;
+        return NULL;
+    }
+    size_t new_map = page_round(offset + size);
+    if (new_map == h->map_size)
+        return p;
+    char *base = h->map_base;
+    size_t old_map = h->map_size;
+    if (new_map < old_map) {
+        segmap_clear(base, old_map);
+        os_unmap(base + new_map, old_map - new_map);
+    } else {
+        /* The header chunk must stay 2 MiB-aligned (alignments above that
+         * are not kept by realloc, as in glibc). */
+        char *moved = os_remap_aligned(base, old_map, new_map, SS_SIZE);
+        if (!moved) {
+            errno = ENOMEM;
+            return NULL;
+        }
+        segmap_clear(base, old_map);
+        base = moved;
+        h = (large_hdr_t *)base;
+    }
+    h->map_base = base;
+    h->map_size = new_map;
+    h->user = base + offset;
+    h->usable = new_map - offset;
+    segmap_set(base, new_map, SEG_LARGE_HEAD);
+    return h->user;
+}

@@ -1,0 +1,189 @@
+/* Every HAKMEM_* option in one table: name, type, default and meaning.
+ * docs/options.md documents the same table, and a test checks they agree.
+ * Parsing runs once at init, reads the environment with getenv and never
+ * allocates; a malformed value gets a warning and the default. */
+#define _GNU_SOURCE
+#include "internal.h"
+#include "hakmem.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+hak_config_t hak_config = {
+    .on_error = ON_ERROR_ABORT,
+    .superslab_reserve = 1,
+    .large_threshold = (size_t)1 << 20,
+    .purge_delay_ms = 1000,
+};
+
+enum option_type { OPT_BOOL, OPT_INT, OPT_SIZE, OPT_CHOICE };
+
+typedef struct option {
+    const char *name;
+    enum option_type type;
+    const char *default_text;
+    const char *meaning;
+    void *target;         /* int for BOOL/CHOICE, long for INT, size_t for SIZE */
+    long min, max;        /* INT and SIZE bounds */
+    const char *choices[3]; /* CHOICE: value i is choices[i] */
+} option_t;
+
+static option_t options[] = {
+    {"HAKMEM_ON_ERROR", OPT_CHOICE, "abort",
+     "What to do after reporting bad input (free of a foreign or interior pointer, double free): abort or warn (log and ignore).",
+     &hak_config.on_error, 0, 0, {"abort", "warn", NULL}},
+    {"HAKMEM_SUPERSLAB_RESERVE", OPT_INT, "1",
+     "Empty 2 MiB SuperSlabs kept mapped for reuse instead of being unmapped.",
+     &hak_config.superslab_reserve, 0, 1024, {0}},
+    {"HAKMEM_LARGE_THRESHOLD", OPT_SIZE, "1M",
+     "Blocks above this size get their own mapping; a power of two from 64K to 1M.",
+     &hak_config.large_threshold, 64 << 10, 1 << 20, {0}},
+    {"HAKMEM_PURGE_DELAY_MS", OPT_INT, "1000",
+     "Free slab pages are returned to the OS (MADV_DONTNEED) once they have been free this long; 0 purges at once.",
+     &hak_config.purge_delay_ms, 0, 3600000, {0}},
+    {"HAKMEM_STATS", OPT_BOOL, "0",
+     "Print the statistics report on stderr at exit.",
+     &hak_config.stats, 0, 1, {0}},
+    {"HAKMEM_VERBOSE", OPT_BOOL, "0",
+     "Log decisions (SuperSlab maps and unmaps, purges, orphaned heaps) on stderr.",
+     &hak_config.verbose, 0, 1, {0}},
+};
+
+#define OPTION_COUNT (sizeof options / sizeof options[0])
+
+static bool parse_bool(const char *s, int *out)
+{
+    static const char *const yes[] = {"1", "true", "yes", "on"};
+    static const char *const no[] = {"0", "false", "no", "off"};
+    for (size_t i = 0; i < 4; i++) {
+        if (strcasecmp(s, yes[i]) == 0)
+            return *out = 1, true;
+        if (strcasecmp(s, no[i]) == 0)
+            return *out = 0, true;
+    }
+    return false;
+}
+
+/* Decimal with an optional K, M or G suffix (KiB, MiB, GiB accepted too). */
+static bool parse_number(const char *s, bool suffixes, long *out)
+{
+    if (*s < '0' || *s > '9')
+        return false;
+    unsigned long long v = 0;
+    while (*s >= '0' && *s <= '9') {
+        v = v * 10 + (unsigned)(*s++ - '0');
+        if (v > (1ull << 50))
+            return false;
+    }
+    if (suffixes && *s) {
+        unsigned shift = *s == 'K' || *s == 'k' ? 10 : *s == 'M' || *s == 'm' ? 20 : *s == 'G' || *s == 'g' ? 30 : 0;
+        if (!shift)
+            return false;
+        s++;
+        if (strcasecmp(s, "iB") == 0 || strcasecmp(s, "B") == 0)
+            s += strlen(s);
+        v <<= shift;
+    }
+    if (*s)
+        return false;
+    *out = (long)v;
+    return true;
+}
+
+static void warn_value(const option_t *o, const char *value, const char *expected)
+{
+    msgbuf_t m = {.len = 0};
+    msg_str(&m, o->name);
+    msg_str(&m, "=");
+    msg_str(&m, value);
+    msg_str(&m, " is not ");
+    msg_str(&m, expected);
+    msg_str(&m, "; using the default ");
+    msg_str(&m, o->default_text);
+    m.buf[m.len] = 0;
+    hak_warn("bad option value", m.buf);
+}
+
+static void warn_choice(const option_t *o, const char *value)
+{
+    msgbuf_t expected = {.len = 0};
+    msg_str(&expected, "one of");
+    for (int i = 0; o->choices[i]; i++) {
+        msg_str(&expected, i ? ", " : " ");
+        msg_str(&expected, o->choices[i]);
+    }
+    expected.buf[expected.len] = 0;
+    warn_value(o, value, expected.buf);
+}
+
+static void option_parse(const option_t *o, const char *value)
+{
+    int choice;
+    long number;
+    switch (o->type) {
+    case OPT_BOOL:
+        if (parse_bool(value, &choice))
+            *(bool *)o->target = choice;
+        else
+            warn_value(o, value, "a boolean (1/0, true/false, yes/no, on/off)");
+        return;
+    case OPT_CHOICE:
+        for (int i = 0; o->choices[i]; i++)
+            if (strcasecmp(value, o->choices[i]) == 0) {
+                *(int *)o->target = i;
+                return;
+            }
+        warn_choice(o, value);
+        return;
+    case OPT_INT:
+    case OPT_SIZE: {
+        bool is_size = o->type == OPT_SIZE;
+        if (!parse_number(value, is_size, &number) || number < o->min || number > o->max ||
+            (is_size && (number & (number - 1)))) {
+            warn_value(o, value, is_size ? "a power of two in range (e.g. 256K)" : "a number in range");
+            return;
+        }
+        if (is_size)
+            *(size_t *)o->target = (size_t)number;
+        else
+            *(long *)o->target = number;
+        return;
+    }
+    }
+}
+
+extern char **environ;
+
+void options_init(void)
+{
+    for (size_t i = 0; i < OPTION_COUNT; i++) {
+        const char *value = getenv(options[i].name);
+        if (value)
+            option_parse(&options[i], value);
+    }
+    /* A misspelt option would otherwise be silently ignored. */
+    for (char **env = environ; env && *env; env++) {
+        if (strncmp(*env, "HAKMEM_", 7) != 0)
+            continue;
+        size_t len = strcspn(*env, "=");
+        bool known = false;
+        for (size_t i = 0; i < OPTION_COUNT && !known; i++)
+            known = strlen(options[i].name) == len && strncmp(options[i].name, *env, len) == 0;
+        if (!known) {
+            char name[96];
+            size_t n = len < sizeof name - 1 ? len : sizeof name - 1;
+            memcpy(name, *env, n);
+            name[n] = 0;
+            hak_warn("unknown option (see docs/options.md)", name);
+        }
+    }
+}
+
+HAK_EXPORT void hak_options_print(FILE *out)
+{
+    static const char *const type_names[] = {"bool", "int", "size", "choice"};
+    for (size_t i = 0; i < OPTION_COUNT; i++)
+        fprintf(out, "%s\t%s\t%s\t%s\n", options[i].name, type_names[options[i].type],
+                options[i].default_text, options[i].meaning);
+}

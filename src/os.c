@@ -1,0 +1,175 @@
+/* The OS layer: the only file that maps, unmaps and purges memory or reads
+ * /proc. Everything here is raw syscalls or libc wrappers that never call
+ * malloc. */
+#define _GNU_SOURCE
+#include "internal.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/resource.h>
+#include <time.h>
+#include <unistd.h>
+
+_Atomic size_t hak_mapped_bytes;
+_Atomic size_t hak_mapped_peak;
+
+static void account_mapped(size_t size)
+{
+    size_t now = atomic_fetch_add_explicit(&hak_mapped_bytes, size, memory_order_relaxed) + size;
+    size_t peak = atomic_load_explicit(&hak_mapped_peak, memory_order_relaxed);
+    while (now > peak &&
+           !atomic_compare_exchange_weak_explicit(&hak_mapped_peak, &peak, now,
+                                                  memory_order_relaxed, memory_order_relaxed))
+        ;
+}
+
+size_t os_page_size(void)
+{
+    static size_t page;
+    if (!page)
+        page = (size_t)sysconf(_SC_PAGESIZE);
+    return page;
+}
+
+/* Reserve address space that is committed only when touched. */
+void *os_reserve(size_t size)
+{
+    void *p = mmap(NULL, size, PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    return p == MAP_FAILED ? NULL : p;
+}
+
+void *os_map(size_t size)
+{
+    int saved = errno;
+    void *p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    errno = saved;
+    if (p == MAP_FAILED)
+        return NULL;
+    account_mapped(size);
+    return p;
+}
+
+/* Map size bytes at an address p with p + offset aligned to align (a power
+ * of two, at least a page): over-map by align and give the ends back. */
+void *os_map_aligned_at(size_t size, size_t align, size_t offset)
+{
+    if (size + align < size)
+        return NULL;
+    int saved = errno;
+    char *raw = mmap(NULL, size + align, PROT_READ | PROT_WRITE,
+                     MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    errno = saved;
+    if (raw == MAP_FAILED)
+        return NULL;
+    char *p = (char *)((((uintptr_t)raw + offset + align - 1) & ~(uintptr_t)(align - 1)) - offset);
+    size_t before = (size_t)(p - raw);
+    size_t after = align - before;
+    if (before)
+        munmap(raw, before);
+    if (after)
+        munmap(p + size, after);
+    account_mapped(size);
+    return p;
+}
+
+void *os_map_aligned(size_t size, size_t align) { return os_map_aligned_at(size, align, 0); }
+
+/* Grow a mapping to new_size, in place if the next pages are free, else by
+ * moving its pages (no copy) to a fresh address aligned to align. */
+void *os_remap_aligned(void *p, size_t old_size, size_t new_size, size_t align)
+{
+    int saved = errno;
+    void *q = mremap(p, old_size, new_size, 0);
+    if (q == MAP_FAILED) {
+        q = os_map_aligned_at(new_size, align, 0);
+        if (q) {
+            atomic_fetch_sub_explicit(&hak_mapped_bytes, new_size, memory_order_relaxed);
+            if (mremap(p, old_size, new_size, MREMAP_MAYMOVE | MREMAP_FIXED, q) == MAP_FAILED) {
+                os_unmap(q, new_size);
+                atomic_fetch_add_explicit(&hak_mapped_bytes, new_size, memory_order_relaxed);
+                q = MAP_FAILED;
+            }
+        } else {
+            q = MAP_FAILED;
+        }
+    }
+    errno = saved;
+    if (q == MAP_FAILED)
+        return NULL;
+    account_mapped(new_size - old_size);
+    return q;
+}
+
+void os_unmap(void *p, size_t size)
+{
+    int saved = errno;
+    if (munmap(p, size) != 0)
+        hak_fatal("munmap failed");
+    errno = saved;
+    atomic_fetch_sub_explicit(&hak_mapped_bytes, size, memory_order_relaxed);
+}
+
+/* Give the pages back to the kernel; the range reads as zeros afterwards. */
+void os_purge(void *p, size_t size)
+{
+    int saved = errno;
+    madvise(p, size, MADV_DONTNEED);
+    errno = saved;
+}
+
+uint64_t os_now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
+    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+}
+
+void os_write_stderr(const char *s, size_t n)
+{
+    int saved = errno;
+    while (n > 0) {
+        ssize_t w = write(STDERR_FILENO, s, n);
+        if (w <= 0) {
+            if (w < 0 && errno == EINTR)
+                continue;
+            break;
+        }
+        s += w;
+        n -= (size_t)w;
+    }
+    errno = saved;
+}
+
+/* Resident set size now, from /proc/self/statm (second field, in pages). */
+size_t os_rss_bytes(void)
+{
+    int saved = errno;
+    char buf[128];
+    int fd = open("/proc/self/statm", O_RDONLY | O_CLOEXEC);
+    ssize_t n = fd >= 0 ? read(fd, buf, sizeof buf - 1) : -1;
+    if (fd >= 0)
+        close(fd);
+    errno = saved;
+    if (n <= 0)
+        return 0;
+    buf[n] = 0;
+    const char *s = buf;
+    while (*s && *s != ' ')
+        s++;
+    size_t pages = 0;
+    while (*s == ' ')
+        s++;
+    while (*s >= '0' && *s <= '9')
+        pages = pages * 10 + (size_t)(*s++ - '0');
+    return pages * os_page_size();
+}
+
+void os_page_faults(uint64_t *minor, uint64_t *major)
+{
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    *minor = (uint64_t)ru.ru_minflt;
+    *major = (uint64_t)ru.ru_majflt;
+}

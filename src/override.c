@@ -1,0 +1,147 @@
+/* The exported malloc family (and hakmem's own API entry points). Each
+ * entry point is a thin wrapper over the inline fast paths in alloc.h. */
+#define _GNU_SOURCE
+#include "alloc.h"
+#include "hakmem.h"
+
+#include <errno.h>
+#include <malloc.h>
+#include <string.h>
+
+HAK_EXPORT void *malloc(size_t size) { return hak_alloc(size); }
+
+HAK_EXPORT void free(void *p) { hak_free(p, "free"); }
+
+HAK_EXPORT void *calloc(size_t n, size_t size)
+{
+    size_t total;
+    if (unlikely(__builtin_mul_overflow(n, size, &total))) {
+        errno = ENOMEM;
+        return NULL;
+    }
+    void *p = hak_alloc(total);
+    if (likely(p) && segmap_kind(p) == SEG_SUPERSLAB) /* large blocks are fresh, zeroed mappings */
+        memset(p, 0, total);
+    return p;
+}
+
+HAK_EXPORT void *realloc(void *p, size_t size) { return hak_realloc_impl(p, size); }
+
+HAK_EXPORT void *reallocarray(void *p, size_t n, size_t size)
+{
+    size_t total;
+    if (unlikely(__builtin_mul_overflow(n, size, &total))) {
+        errno = ENOMEM;
+        return NULL;
+    }
+    return hak_realloc_impl(p, total);
+}
+
+static bool is_power_of_two(size_t x) { return x && !(x & (x - 1)); }
+
+HAK_EXPORT int posix_memalign(void **out, size_t align, size_t size)
+{
+    if (!is_power_of_two(align) || align % sizeof(void *) != 0)
+        return EINVAL;
+    int saved = errno;
+    void *p = hak_alloc_aligned(align, size);
+    errno = saved; /* posix_memalign reports through its result only */
+    if (!p)
+        return ENOMEM;
+    *out = p;
+    return 0;
+}
+
+HAK_EXPORT void *aligned_alloc(size_t align, size_t size)
+{
+    if (!is_power_of_two(align)) {
+        errno = EINVAL;
+        return NULL;
+    }
+    return hak_alloc_aligned(align, size);
+}
+
+HAK_EXPORT void *memalign(size_t align, size_t size)
+{
+    if (!is_power_of_two(align)) {
+        errno = EINVAL;
+        return NULL;
+    }
+    return hak_alloc_aligned(align, size);
+}
+
+HAK_EXPORT void *valloc(size_t size) { return hak_alloc_aligned(os_page_size(), size); }
+
+HAK_EXPORT void *pvalloc(size_t size)
+{
+    size_t page = os_page_size();
+    size_t rounded = (size + page - 1) & ~(page - 1);
+    if (rounded < size) {
+        errno = ENOMEM;
+        return NULL;
+    }
+    return hak_alloc_aligned(page, rounded ? rounded : page);
+}
+
+HAK_EXPORT size_t malloc_usable_size(void *p)
+{
+    return p ? hak_usable_size_checked(p, "malloc_usable_size") : 0;
+}
+
+HAK_EXPORT int malloc_trim(size_t pad)
+{
+    (void)pad;
+    size_t before = os_rss_bytes();
+    hak_collect(true);
+    return os_rss_bytes() < before; /* 1 if memory went back to the OS */
+}
+
+HAK_EXPORT struct mallinfo2 mallinfo2(void)
+{
+    hak_stats_t s;
+    hak_stats_get(&s);
+    struct mallinfo2 mi;
+    memset(&mi, 0, sizeof mi);
+    mi.arena = s.mapped_bytes;
+    mi.uordblks = s.tiny_bytes + s.mid_bytes;
+    mi.fordblks = s.mapped_bytes > mi.uordblks ? s.mapped_bytes - mi.uordblks : 0;
+    mi.usmblks = s.mapped_peak;
+    return mi;
+}
+
+/* ---- hakmem's own API -------------------------------------------------------- */
+
+HAK_EXPORT const char *hak_version(void) { return HAKMEM_VERSION; }
+
+HAK_EXPORT bool hak_owns(const void *p)
+{
+    unsigned kind = segmap_kind(p);
+    if (kind == SEG_SUPERSLAB) {
+        slab_t *s = slab_of(superslab_of(p), p);
+        return s && s->in_use && slab_block_index(s, p) < s->carved;
+    }
+    if (kind == SEG_LARGE_HEAD || kind == SEG_LARGE_INTERIOR) {
+        large_hdr_t *h = large_header_of(p);
+        return h && (const char *)p >= h->user && (const char *)p < h->user + h->usable;
+    }
+    return false;
+}
+
+HAK_EXPORT void hak_collect(bool force)
+{
+    hak_ensure_init();
+    heap_collect(heap_get());
+    heaps_collect_orphans();
+    superslab_purge(force);
+}
+
+/* ---- entry points for override_new.cc (hidden) --------------------------------- */
+
+void *hak_cxx_alloc(size_t size) { return hak_alloc(size); }
+
+void *hak_cxx_alloc_aligned(size_t align, size_t size)
+{
+    return is_power_of_two(align) ? hak_alloc_aligned(align, size) : NULL;
+}
+
+void hak_cxx_free(void *p) { hak_free(p, "operator delete"); }

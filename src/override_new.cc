@@ -1,0 +1,68 @@
+// C++ operator new and delete on hakmem, every variant of C++17: plain,
+// array, nothrow, sized and aligned. new retries through the installed
+// new_handler and throws std::bad_alloc as the standard requires.
+#include <cerrno>
+#include <cstddef>
+#include <new>
+
+extern "C" {
+void *hak_cxx_alloc(std::size_t size);
+void *hak_cxx_alloc_aligned(std::size_t align, std::size_t size);
+void hak_cxx_free(void *p);
+}
+
+#define HAK_EXPORT __attribute__((visibility("default")))
+
+namespace {
+
+void *new_or_throw(std::size_t size, std::size_t align)
+{
+    for (;;) {
+        void *p = align ? hak_cxx_alloc_aligned(align, size) : hak_cxx_alloc(size);
+        if (p)
+            return p;
+        std::new_handler handler = std::get_new_handler();
+        if (!handler)
+            throw std::bad_alloc();
+        handler();
+    }
+}
+
+void *new_or_null(std::size_t size, std::size_t align) noexcept
+{
+    try {
+        return new_or_throw(size, align);
+    } catch (...) {
+        return nullptr;
+    }
+}
+
+} // namespace
+
+HAK_EXPORT void *operator new(std::size_t n) { return new_or_throw(n, 0); }
+HAK_EXPORT void *operator new[](std::size_t n) { return new_or_throw(n, 0); }
+HAK_EXPORT void *operator new(std::size_t n, const std::nothrow_t &) noexcept { return new_or_null(n, 0); }
+HAK_EXPORT void *operator new[](std::size_t n, const std::nothrow_t &) noexcept { return new_or_null(n, 0); }
+HAK_EXPORT void *operator new(std::size_t n, std::align_val_t a) { return new_or_throw(n, static_cast<std::size_t>(a)); }
+HAK_EXPORT void *operator new[](std::size_t n, std::align_val_t a) { return new_or_throw(n, static_cast<std::size_t>(a)); }
+HAK_EXPORT void *operator new(std::size_t n, std::align_val_t a, const std::nothrow_t &) noexcept
+{
+    return new_or_null(n, static_cast<std::size_t>(a));
+}
+HAK_EXPORT void *operator new[](std::size_t n, std::align_val_t a, const std::nothrow_t &) noexcept
+{
+    return new_or_null(n, static_cast<std::size_t>(a));
+}
+
+HAK_EXPORT void operator delete(void *p) noexcept { hak_cxx_free(p); }
+HAK_EXPORT void operator delete[](void *p) noexcept { hak_cxx_free(p); }
+HAK_EXPORT void operator delete(void *p, const std::nothrow_t &) noexcept { hak_cxx_free(p); }
+HAK_EXPORT void operator delete[](void *p, const std::nothrow_t &) noexcept { hak_cxx_free(p); }
+HAK_EXPORT void operator delete(void *p, std::size_t) noexcept { hak_cxx_free(p); }
+HAK_EXPORT void operator delete[](void *p, std::size_t) noexcept { hak_cxx_free(p); }
+HAK_EXPORT void operator delete(void *p, std::align_val_t) noexcept { hak_cxx_free(p); }
+HAK_EXPORT void operator delete[](void *p, std::align_val_t) noexcept { hak_cxx_free(p); }
+HAK_EXPORT void operator delete(void *p, std::size_t, std::align_val_t) noexcept { hak_cxx_free(p); }
+HAK_EXPORT void operator delete[](void *p, std::size_t, std::align_val_t) noexcept { hak_cxx_free(p); }
+HAK_EXPORT void operator delete(void *p, std::align_val_t, const std::nothrow_t &) noexcept { hak_cxx_free(p); }
+HAK_EXPORT void operator delete[](void *p, std::align_val_t, const std::nothrow_t &) noexcept { hak_cxx_free(p); }

@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# The option table in src/options.c and docs/options.md agree, and bad
+# option values or names get a warning, never a crash.
+set -u
+print_options=$1 doc=$2
+failed=0 passed=0
+check() { if eval "$2"; then passed=$((passed + 1)); else echo "options: FAILED: $1" >&2; failed=$((failed + 1)); fi; }
+
+names=()
+while IFS=$'\t' read -r name type default meaning; do
+  names+=("$name")
+  check "$name documented with its type and default" \
+    "grep -qF '| \`$name\` | $type | \`$default\` |' '$doc'"
+done < <("$print_options")
+check "the table has options" "[ ${#names[@]} -ge 5 ]"
+for documented in $(grep -oE '^\| `HAKMEM_[A-Z0-9_]+`' "$doc" | tr -d '|` '); do
+  check "$documented in docs/options.md exists in the code" "printf '%s\n' ${names[*]} | grep -qx '$documented'"
+done
+
+warn_of() { # env assignment, expected warning text
+  local err
+  err=$(env "$1" "$print_options" alloc 2>&1 >/dev/null); local rc=$?
+  check "$1: runs (rc $rc)" "[ $rc -eq 0 ]"
+  check "$1: warns '$2'" "grep -qF -- '$2' <<<\"\$err\""
+}
+warn_of HAKMEM_ON_ERROR=maybe "hakmem: warning: bad option value: HAKMEM_ON_ERROR=maybe is not one of abort, warn"
+warn_of HAKMEM_LARGE_THRESHOLD=300K "HAKMEM_LARGE_THRESHOLD=300K is not a power of two"
+warn_of HAKMEM_PURGE_DELAY_MS=soon "HAKMEM_PURGE_DELAY_MS=soon is not a number"
+warn_of HAKMEM_STATS=perhaps "HAKMEM_STATS=perhaps is not a boolean"
+warn_of HAKMEM_BOGUS_OPTION=1 "unknown option (see docs/options.md): HAKMEM_BOGUS_OPTION"
+quiet=$(env HAKMEM_LARGE_THRESHOLD=256K HAKMEM_ON_ERROR=WARN HAKMEM_PURGE_DELAY_MS=0 "$print_options" alloc 2>&1)
+check "well-formed values are accepted silently" "[ -z '$quiet' ]"
+
+echo "options: $passed passed, $failed failed"
+[ "$failed" -eq 0 ]

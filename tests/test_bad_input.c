@@ -1,0 +1,192 @@
+/* Bad input: each case runs in a child process. By default hakmem prints
+ * one line naming itself, the call, the pointer and the fault, then aborts;
+ * with HAKMEM_ON_ERROR=warn it prints the line and carries on, and nothing
+ * is freed twice or handed out twice. */
+#define _GNU_SOURCE
+#include "check.h"
+#include "hakmem.h"
+
+#include <signal.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+/* The bad calls below are the point of this test. */
+#pragma GCC diagnostic ignored "-Wfree-nonheap-object"
+
+static int global_object[4];
+
+typedef struct bad_case {
+    const char *name;
+    const char *call;  /* expected in the message: "free(" or "realloc(" */
+    const char *fault; /* expected words of the diagnosis */
+    size_t size;       /* block size for the cases that need one */
+    void *(*run)(size_t size); /* does the bad thing; returns the bad pointer */
+} bad_case_t;
+
+static void announce(void *p)
+{
+    /* The parent learns the pointer to look for in the message. */
+    char line[64];
+    int n = snprintf(line, sizeof line, "%p\n", p);
+    write(STDOUT_FILENO, line, (size_t)n);
+}
+
+static void *free_stack(size_t size)
+{
+    (void)size;
+    int local[4];
+    void *volatile p = local;
+    announce(p);
+    free(p);
+    return p;
+}
+
+static void *free_global(size_t size)
+{
+    (void)size;
+    void *p = global_object;
+    announce(p);
+    free(p);
+    return p;
+}
+
+static void *free_foreign_mapping(size_t size)
+{
+    (void)size;
+    void *p = mmap(NULL, 1 << 16, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    announce(p);
+    free(p);
+    return p;
+}
+
+static void *realloc_stack(size_t size)
+{
+    char local[32];
+    void *volatile p = local;
+    announce(p);
+    void *q = realloc(p, size);
+    return q ? NULL : p; /* realloc must refuse */
+}
+
+static void *double_free(size_t size)
+{
+    char *p = malloc(size);
+    announce(p);
+    free(p);
+    free(p);
+    return NULL; /* the block is legitimately free once: it may be reused */
+}
+
+static void *interior_free(size_t size)
+{
+    char *p = malloc(size);
+    char *inner = p + 16;
+    announce(inner);
+    free(inner);
+    return p; /* the block itself must still be whole */
+}
+
+static void *interior_realloc(size_t size)
+{
+    char *p = malloc(size);
+    char *inner = p + 32;
+    announce(inner);
+    void *q = realloc(inner, size * 2);
+    return q ? NULL : p; /* realloc must refuse, leaving the block whole */
+}
+
+static const bad_case_t cases[] = {
+    {"free of a stack pointer", "free(", "not allocated by hakmem", 0, free_stack},
+    {"free of a global", "free(", "not allocated by hakmem", 0, free_global},
+    {"free of another allocator's memory", "free(", "not allocated by hakmem", 0, free_foreign_mapping},
+    {"realloc of a stack pointer", "realloc(", "not allocated by hakmem", 64, realloc_stack},
+    {"double free, tiny", "free(", "double free", 32, double_free},
+    {"double free, 8 B", "free(", "double free", 8, double_free},
+    {"double free, mid", "free(", "double free", 20000, double_free},
+    {"double free, large", "free(", "not allocated by hakmem", 5 << 20, double_free},
+    {"interior pointer, tiny", "free(", "interior pointer", 64, interior_free},
+    {"interior pointer, mid", "free(", "interior pointer", 5000, interior_free},
+    {"interior pointer, large", "free(", "interior pointer", 3 << 20, interior_free},
+    {"realloc of an interior pointer", "realloc(", "interior pointer", 100, interior_realloc},
+};
+
+/* In warn mode the child goes on: the allocator must still be sound. */
+static int after_warning_ok(void *bad, size_t size)
+{
+    if (size == 0)
+        size = 64;
+    void *a = malloc(size), *b = malloc(size);
+    int ok = a && b && a != b && hak_owns(a) && hak_owns(b);
+    if (bad && hak_owns(bad)) /* a block that survived the bad call is intact */
+        ok &= (a != bad && b != bad) || !hak_owns(bad);
+    free(a);
+    free(b);
+    return ok;
+}
+
+static void run_case(const bad_case_t *c, int warn)
+{
+    int out[2], err[2];
+    pipe(out);
+    pipe(err);
+    pid_t pid = fork();
+    if (pid == 0) {
+        dup2(out[1], STDOUT_FILENO);
+        dup2(err[1], STDERR_FILENO);
+        if (warn)
+            setenv("HAKMEM_ON_ERROR", "warn", 1);
+        /* Options are read at init: run the case in a fresh image. */
+        execl("/proc/self/exe", "test_bad_input", "--case", c->name, (char *)NULL);
+        _exit(99);
+    }
+    close(out[1]);
+    close(err[1]);
+    char pointer[64] = {0}, message[1024] = {0};
+    ssize_t n = read(out[0], pointer, sizeof pointer - 1);
+    size_t got = 0;
+    while ((n = read(err[0], message + got, sizeof message - 1 - got)) > 0)
+        got += (size_t)n;
+    close(out[0]);
+    close(err[0]);
+    int status = 0;
+    waitpid(pid, &status, 0);
+    char *newline = strchr(pointer, '\n');
+    if (newline)
+        *newline = 0;
+    char expected[128];
+    snprintf(expected, sizeof expected, "hakmem: %s%s)", c->call, pointer);
+    int named = strstr(message, expected) != NULL;
+    int diagnosed = strstr(message, c->fault) != NULL;
+    int one_line = strchr(message, '\n') == message + strlen(message) - 1;
+    int outcome = warn ? WIFEXITED(status) && WEXITSTATUS(status) == 0
+                       : WIFSIGNALED(status) && WTERMSIG(status) == SIGABRT;
+    if (!(named && diagnosed && one_line && outcome))
+        fprintf(stderr, "case '%s' (%s): expected '%s' and '%s', got status %#x and: %s\n", c->name,
+                warn ? "warn" : "abort", expected, c->fault, status, message);
+    CHECK(named);
+    CHECK(diagnosed);
+    CHECK(one_line);
+    CHECK(outcome);
+}
+
+int main(int argc, char **argv)
+{
+    size_t count = sizeof cases / sizeof cases[0];
+    if (argc == 3 && strcmp(argv[1], "--case") == 0) {
+        for (size_t i = 0; i < count; i++)
+            if (strcmp(cases[i].name, argv[2]) == 0) {
+                void *bad = cases[i].run(cases[i].size);
+                return after_warning_ok(bad, cases[i].size) ? 0 : 3;
+            }
+        return 98;
+    }
+    for (size_t i = 0; i < count; i++) {
+        run_case(&cases[i], 0);
+        run_case(&cases[i], 1);
+    }
+    return check_summary("test_bad_input");
+}

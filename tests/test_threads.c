@@ -1,0 +1,284 @@
+/* Threads: cross-thread frees at scale, thread churn with blocks freed
+ * after their owner exited (and memory reused, not leaked), fork from a
+ * multi-threaded parent with allocation in the child. */
+#define _GNU_SOURCE
+#include "check.h"
+#include "hakmem.h"
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+static size_t block_size_for(unsigned r)
+{
+    unsigned kind = r % 100;
+    if (kind < 80)
+        return 1 + r % 1024;          /* tiny */
+    if (kind < 98)
+        return 1025 + r % 60000;      /* mid */
+    return 300000 + r % 3000000;      /* large */
+}
+
+/* A block carries its size and a seed in its first bytes and a pattern. */
+static void *make_block(unsigned r)
+{
+    size_t size = block_size_for(r);
+    if (size < 16)
+        size = 16;
+    unsigned char *p = malloc(size);
+    if (!p)
+        return NULL;
+    memcpy(p, &size, sizeof size);
+    for (size_t i = sizeof size; i < size - 1 && i < 256; i++)
+        p[i] = (unsigned char)(r + i);
+    p[size - 1] = (unsigned char)r;
+    return p;
+}
+
+static int block_ok(const unsigned char *p, unsigned r)
+{
+    size_t size;
+    memcpy(&size, p, sizeof size);
+    for (size_t i = sizeof size; i < size - 1 && i < 256; i++)
+        if (p[i] != (unsigned char)(r + i))
+            return 0;
+    return p[size - 1] == (unsigned char)r && hak_owns(p) && hak_owns(p + size - 1);
+}
+
+/* ---- producer / consumer ------------------------------------------------- */
+
+enum { QUEUE = 4096 };
+typedef struct queue {
+    pthread_mutex_t lock;
+    pthread_cond_t changed;
+    void *items[QUEUE];
+    unsigned seeds[QUEUE];
+    size_t head, tail;
+    int producers_left;
+} queue_t;
+
+static queue_t queue = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER};
+static _Atomic long consumed_ok, consumed_bad;
+static long per_producer = 200000;
+
+static void *producer(void *arg)
+{
+    unsigned r = (unsigned)(uintptr_t)arg * 2654435761u;
+    for (long i = 0; i < per_producer; i++) {
+        r = r * 1103515245u + 12345u;
+        void *b = make_block(r >> 4);
+        pthread_mutex_lock(&queue.lock);
+        while (queue.tail - queue.head == QUEUE)
+            pthread_cond_wait(&queue.changed, &queue.lock);
+        queue.items[queue.tail % QUEUE] = b;
+        queue.seeds[queue.tail % QUEUE] = r >> 4;
+        queue.tail++;
+        pthread_cond_broadcast(&queue.changed);
+        pthread_mutex_unlock(&queue.lock);
+    }
+    pthread_mutex_lock(&queue.lock);
+    queue.producers_left--;
+    pthread_cond_broadcast(&queue.changed);
+    pthread_mutex_unlock(&queue.lock);
+    return NULL;
+}
+
+static void *consumer(void *arg)
+{
+    (void)arg;
+    for (;;) {
+        pthread_mutex_lock(&queue.lock);
+        while (queue.tail == queue.head && queue.producers_left > 0)
+            pthread_cond_wait(&queue.changed, &queue.lock);
+        if (queue.tail == queue.head) {
+            pthread_mutex_unlock(&queue.lock);
+            return NULL;
+        }
+        void *b = queue.items[queue.head % QUEUE];
+        unsigned seed = queue.seeds[queue.head % QUEUE];
+        queue.head++;
+        pthread_cond_broadcast(&queue.changed);
+        pthread_mutex_unlock(&queue.lock);
+        if (b && block_ok(b, seed))
+            consumed_ok++;
+        else
+            consumed_bad++;
+        free(b); /* a block of another thread: the remote-free path */
+    }
+}
+
+static void test_producer_consumer(void)
+{
+    enum { PRODUCERS = 2, CONSUMERS = 2 };
+    pthread_t threads[PRODUCERS + CONSUMERS];
+    queue.producers_left = PRODUCERS;
+    for (int i = 0; i < PRODUCERS; i++)
+        pthread_create(&threads[i], NULL, producer, (void *)(uintptr_t)(i + 1));
+    for (int i = 0; i < CONSUMERS; i++)
+        pthread_create(&threads[PRODUCERS + i], NULL, consumer, NULL);
+    for (int i = 0; i < PRODUCERS + CONSUMERS; i++)
+        pthread_join(threads[i], NULL);
+    CHECK(consumed_ok == PRODUCERS * per_producer);
+    CHECK(consumed_bad == 0);
+}
+
+/* ---- thread churn ---------------------------------------------------------- */
+
+enum { CHURN_THREADS = 4, CHURN_BLOCKS = 3000 };
+static void *churn_blocks[CHURN_THREADS][CHURN_BLOCKS];
+static unsigned churn_seeds[CHURN_THREADS][CHURN_BLOCKS];
+
+static void *churn_allocate(void *arg)
+{
+    int t = (int)(uintptr_t)arg;
+    unsigned r = (unsigned)t * 7919u + 1;
+    for (int i = 0; i < CHURN_BLOCKS; i++) {
+        r = r * 1103515245u + 12345u;
+        unsigned seed = (r >> 4) % 98; /* tiny and mid only: the slab tiers */
+        seed += (r >> 12) * 100;
+        churn_seeds[t][i] = seed;
+        churn_blocks[t][i] = make_block(seed);
+        if (i % 3 == 0) { /* some churn of its own, freed locally */
+            free(make_block(seed + 1));
+        }
+    }
+    return NULL;
+}
+
+static _Atomic long churn_bad;
+
+static void *churn_free(void *arg)
+{
+    int t = (int)(uintptr_t)arg;
+    for (int i = 0; i < CHURN_BLOCKS; i++) {
+        if (!block_ok(churn_blocks[t][i], churn_seeds[t][i]))
+            churn_bad++;
+        free(churn_blocks[t][i]);
+    }
+    return NULL;
+}
+
+static void churn_round(void)
+{
+    pthread_t threads[CHURN_THREADS];
+    for (int t = 0; t < CHURN_THREADS; t++)
+        pthread_create(&threads[t], NULL, churn_allocate, (void *)(uintptr_t)t);
+    for (int t = 0; t < CHURN_THREADS; t++)
+        pthread_join(threads[t], NULL); /* owners are gone now */
+    for (int t = 0; t < CHURN_THREADS; t++) /* each frees another's blocks */
+        pthread_create(&threads[t], NULL, churn_free, (void *)(uintptr_t)((t + 1) % CHURN_THREADS));
+    for (int t = 0; t < CHURN_THREADS; t++)
+        pthread_join(threads[t], NULL);
+}
+
+static void test_thread_churn(void)
+{
+    for (int round = 0; round < 5; round++)
+        churn_round();
+    hak_collect(true);
+    hak_stats_t early;
+    hak_stats_get(&early);
+    for (int round = 0; round < 40; round++)
+        churn_round();
+    hak_collect(true);
+    hak_stats_t late;
+    hak_stats_get(&late);
+    CHECK(churn_bad == 0);
+    /* Exited threads' memory is reused: 40 more rounds map nothing new. */
+    CHECK(late.mapped_peak <= early.mapped_peak + (4u << 20));
+    CHECK(late.heaps_orphaned == 0); /* hak_collect took them all over */
+    CHECK(late.tiny_bytes + late.mid_bytes < (1u << 20));
+}
+
+/* ---- fork --------------------------------------------------------------------- */
+
+static _Atomic int stop_background;
+
+static void *background_allocator(void *arg)
+{
+    unsigned r = (unsigned)(uintptr_t)arg;
+    void *keep[64] = {0};
+    while (!stop_background) {
+        r = r * 1103515245u + 12345u;
+        unsigned slot = (r >> 8) % 64;
+        free(keep[slot]);
+        keep[slot] = malloc(block_size_for(r >> 4));
+    }
+    for (int i = 0; i < 64; i++)
+        free(keep[i]);
+    return NULL;
+}
+
+static void *child_thread(void *arg)
+{
+    void **blocks = arg;
+    for (int i = 0; i < 1000; i++)
+        blocks[i] = malloc((size_t)(i % 700) + 1);
+    return NULL;
+}
+
+static int child_work(void **inherited, int count)
+{
+    int ok = 1;
+    for (int i = 0; i < count; i++) { /* free and reuse blocks from before the fork */
+        ok &= block_ok(inherited[i], (unsigned)i);
+        free(inherited[i]);
+        inherited[i] = make_block((unsigned)i);
+        ok &= inherited[i] && block_ok(inherited[i], (unsigned)i);
+    }
+    static void *blocks[1000];
+    pthread_t t;
+    ok &= pthread_create(&t, NULL, child_thread, blocks) == 0;
+    pthread_join(t, NULL);
+    for (int i = 0; i < 1000; i++) {
+        ok &= hak_owns(blocks[i]);
+        free(blocks[i]); /* freed by another thread than the one that made them */
+    }
+    for (int i = 0; i < count; i++)
+        free(inherited[i]);
+    return ok;
+}
+
+static void test_fork(void)
+{
+    enum { BACKGROUND = 3, INHERITED = 500 };
+    pthread_t threads[BACKGROUND];
+    for (int i = 0; i < BACKGROUND; i++)
+        pthread_create(&threads[i], NULL, background_allocator, (void *)(uintptr_t)(i + 1));
+    void *inherited[INHERITED];
+    for (int i = 0; i < INHERITED; i++)
+        inherited[i] = make_block((unsigned)i);
+    int children_ok = 0;
+    for (int round = 0; round < 20; round++) {
+        pid_t pid = fork();
+        if (pid == 0)
+            _exit(child_work(inherited, INHERITED) ? 0 : 1);
+        int status = 0;
+        waitpid(pid, &status, 0);
+        children_ok += WIFEXITED(status) && WEXITSTATUS(status) == 0;
+    }
+    stop_background = 1;
+    for (int i = 0; i < BACKGROUND; i++)
+        pthread_join(threads[i], NULL);
+    CHECK(children_ok == 20);
+    int parent_ok = 1;
+    for (int i = 0; i < INHERITED; i++) {
+        parent_ok &= block_ok(inherited[i], (unsigned)i);
+        free(inherited[i]);
+    }
+    CHECK(parent_ok);
+}
+
+int main(int argc, char **argv)
+{
+    if (argc > 1)
+        per_producer = atol(argv[1]);
+    test_producer_consumer();
+    test_thread_churn();
+    test_fork();
+    return check_summary("test_threads");
+}
