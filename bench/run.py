@@ -1,0 +1,360 @@
+#!/usr/bin/env python3
+"""The benchmark comparison: hakmem against the system allocator, mimalloc,
+jemalloc and tcmalloc, in one run.
+
+Every benchmark program is run once per allocator per round, the allocator
+chosen by LD_PRELOAD (nothing for the system allocator), with the order of
+allocators rotated each round so that none always runs first or last on a
+noisy machine. Figures are medians over rounds; each is also given as a
+ratio to mimalloc and to the system allocator. Instruction counts come from
+callgrind, which is deterministic.
+
+Output: a markdown table on stdout, and results/<date>/ with results.csv,
+summary.md and PNG charts (results/latest points at the newest).
+"""
+import argparse
+import csv
+import datetime
+import os
+import platform
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+LIBDIR = "/usr/lib/x86_64-linux-gnu" if platform.machine() == "x86_64" else "/usr/lib/aarch64-linux-gnu"
+
+# name, Debian package, library (None: no preload)
+COMPETITORS = [
+    ("system", "libc6", None),
+    ("mimalloc", "libmimalloc2.0", "libmimalloc.so.2"),
+    ("jemalloc", "libjemalloc2", "libjemalloc.so.2"),
+    ("tcmalloc", "libgoogle-perftools4", "libtcmalloc_minimal.so.4"),
+]
+
+LOWER_IS_BETTER = re.compile(r"(ns|faults|rss|overhead|instr|bytes)")
+
+
+def workloads(full):
+    """(group, name, program, args, metrics); scale depends on full."""
+    k = 10 if full else 1
+    w = []
+    for pattern in ["lifo", "fifo", "random", "interleaved", "longlived"]:
+        w.append(("tiny", f"{pattern} 16B", "tiny", [pattern, "16", str(4_000_000 * k)], ["mops"]))
+    for size in [8, 16, 32, 64, 128, 256, 512, 1024]:
+        w.append(("sweep", f"lifo {size}B", "tiny", ["lifo", str(size), str(3_000_000 * k)], ["mops"]))
+    battle_iters = {"json": 1000, "mir": 1000, "vm": 10 * (10 if full else 1), "mixed": 1000}
+    for scenario, iters in battle_iters.items():
+        w.append(("battle", scenario, "battle", [scenario, str(iters)],
+                  ["median_ns", "p95_ns", "p99_ns", "faults_per_iter", "rss_mib"]))
+    counts = [1_000, 10_000, 100_000, 1_000_000] + ([10_000_000] if full else [])
+    for kind in ["16", "uniform"]:
+        for n in counts:
+            w.append(("memory", f"{kind} x {n}", "memory", [kind, str(n)], ["overhead_pct", "rss_delta_mib"]))
+    for threads in [1, 2, 4]:
+        for name in ["larson", "prodcons", "churn"]:
+            ops = {"larson": 1_000_000, "prodcons": 1_000_000, "churn": 200_000}[name] * k
+            w.append(("threads", f"{name} T={threads}", "threads", [name, str(threads), str(ops)],
+                      ["mops", "rss_mib"]))
+    w.append(("realloc", "string-builder", "realloc", ["strings", str(2_000_000 * k)], ["mops"]))
+    w.append(("realloc", "realloc cycle", "realloc", ["cycle", str(200_000 * k)], ["mops"]))
+    return w
+
+
+def package_version(package):
+    try:
+        out = subprocess.run(["dpkg-query", "-W", "-f=${Version}", package],
+                             capture_output=True, text=True, check=False)
+        return out.stdout.strip() or "?"
+    except FileNotFoundError:
+        return "?"
+
+
+def ensure_installed(package):
+    """Install a missing competitor when root; else say so and go on."""
+    if package_version(package) != "?":
+        return True
+    if os.geteuid() == 0:
+        print(f"installing {package} ...", file=sys.stderr)
+        env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+        if subprocess.run(["apt-get", "install", "-y", "-q", package], env=env,
+                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL).returncode == 0:
+            return True
+    print(f"note: {package} is not installed (apt-get install {package}); skipping it", file=sys.stderr)
+    return False
+
+
+def hakmem_version():
+    text = open(os.path.join(ROOT, "include", "hakmem.h")).read()
+    version = re.search(r'HAKMEM_VERSION "([^"]+)"', text).group(1)
+    rev = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"],
+                         capture_output=True, text=True).stdout.strip()
+    return f"{version}+{rev}" if rev else version
+
+
+def allocators(build):
+    found = []
+    for name, package, lib in COMPETITORS:
+        if lib is None:
+            found.append({"name": name, "version": "glibc " + package_version(package), "env": {}})
+            continue
+        path = os.path.join(LIBDIR, lib)
+        if not os.path.exists(path) and not ensure_installed(package):
+            continue
+        if os.path.exists(path):
+            found.append({"name": name, "version": package_version(package), "env": {"LD_PRELOAD": path}})
+    hakmem = os.path.join(build, "libhakmem.so")
+    if not os.path.exists(hakmem):
+        sys.exit(f"run.py: {hakmem} not found; build with `make release` first")
+    found.append({"name": "hakmem", "version": hakmem_version(), "env": {"LD_PRELOAD": hakmem}})
+    return found
+
+
+NOT_BUILT = ["hakmem-evolving: not built yet (the self-tuning policy, HAKMEM_MODE=evolving, is issue 6)"]
+
+
+def run_program(program, args, env):
+    full_env = dict(os.environ, **env)
+    out = subprocess.run([program] + args, env=full_env, capture_output=True, text=True, timeout=600)
+    if out.returncode != 0:
+        raise RuntimeError(f"{os.path.basename(program)} {' '.join(args)} failed "
+                           f"({out.returncode}): {out.stderr.strip()[:300]}")
+    metrics = {}
+    for line in out.stdout.splitlines():
+        parts = line.split()
+        if len(parts) == 2:
+            metrics[parts[0]] = float(parts[1])
+    return metrics
+
+
+def callgrind_instructions(program, args, env):
+    with tempfile.NamedTemporaryFile(suffix=".cg") as out_file:
+        cmd = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out_file.name}", program] + args
+        res = subprocess.run(cmd, env=dict(os.environ, **env), capture_output=True, text=True, timeout=900)
+    m = re.search(r"Collected : (\d+)", res.stderr)
+    if not m:
+        raise RuntimeError("callgrind gave no count: " + res.stderr[-300:])
+    return int(m.group(1))
+
+
+def instruction_counts(bench_dir, allocs):
+    """Instructions per iteration: difference of two iteration counts."""
+    if not shutil.which("valgrind"):
+        print("note: valgrind missing (apt-get install valgrind); no instruction counts", file=sys.stderr)
+        return []
+    rows = []
+    program = os.path.join(bench_dir, "bench_pair")
+    for loop, label in [("lifo", "malloc(16)+free"), ("ring", "ring of 1000, oldest freed")]:
+        for a in allocs:
+            print(f"  callgrind {label} {a['name']}", file=sys.stderr)
+            low = callgrind_instructions(program, [loop, "100000"], a["env"])
+            high = callgrind_instructions(program, [loop, "300000"], a["env"])
+            rows.append(("instructions", label, a["name"], "instr_per_iter", (high - low) / 200000))
+    return rows
+
+
+def fit_line(points):
+    """Least squares y = a + b x: returns (a, b)."""
+    n = len(points)
+    mx = sum(x for x, _ in points) / n
+    my = sum(y for _, y in points) / n
+    sxx = sum((x - mx) ** 2 for x, _ in points)
+    b = sum((x - mx) * (y - my) for x, y in points) / sxx if sxx else 0.0
+    return my - b * mx, b
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--build", default=os.path.join(ROOT, "build", "release"))
+    ap.add_argument("--full", action="store_true", help="full scale: more operations, 10M blocks, 50 battle runs")
+    ap.add_argument("--runs", type=int, help="rounds per figure (default 5, full 50 for battle, 10 otherwise)")
+    ap.add_argument("--only", help="regular expression: run only the workloads whose group or name matches")
+    ap.add_argument("--no-callgrind", action="store_true")
+    ap.add_argument("--out", default=os.path.join(ROOT, "results"))
+    opts = ap.parse_args()
+
+    build = os.path.abspath(opts.build)
+    bench_dir = os.path.join(build, "bench")
+    allocs = allocators(build)
+    chosen = [w for w in workloads(opts.full)
+              if not opts.only or re.search(opts.only, w[0] + " " + w[1])]
+
+    def runs_for(group):
+        if opts.runs:
+            return opts.runs
+        if opts.full:
+            return 50 if group == "battle" else 10
+        return 5
+
+    samples = {}  # (group, name, alloc, metric) -> [values]
+    max_runs = max(runs_for(w[0]) for w in chosen) if chosen else 0
+    total = sum(runs_for(w[0]) for w in chosen) * len(allocs)
+    done = 0
+    for rnd in range(max_runs):
+        for group, name, program, args, metrics in chosen:
+            if rnd >= runs_for(group):
+                continue
+            order = allocs[rnd % len(allocs):] + allocs[:rnd % len(allocs)]
+            for a in order:
+                done += 1
+                print(f"\r[{done}/{total}] round {rnd + 1}: {group} {name} on {a['name']}\033[K",
+                      end="", file=sys.stderr, flush=True)
+                got = run_program(os.path.join(bench_dir, "bench_" + program), args, a["env"])
+                for metric in metrics:
+                    samples.setdefault((group, name, a["name"], metric), []).append(got[metric])
+    print(file=sys.stderr)
+
+    rows = [(g, n, a, m, statistics.median(v)) for (g, n, a, m), v in samples.items()]
+    if not opts.no_callgrind and (not opts.only or re.search(opts.only, "instructions")):
+        rows += instruction_counts(bench_dir, allocs)
+
+    # memory scaling fit: RSS delta = fixed + per_alloc * N
+    for kind in ["16", "uniform"]:
+        for a in allocs:
+            pts = [(float(n.split(" x ")[1]), v * 1048576)
+                   for g, n, al, m, v in rows
+                   if g == "memory" and al == a["name"] and m == "rss_delta_mib" and n.startswith(kind + " x")]
+            if len(pts) >= 2:
+                fixed, per = fit_line(pts)
+                rows.append(("memory fit", f"{kind}: fixed bytes", a["name"], "fit_bytes", fixed))
+                rows.append(("memory fit", f"{kind}: bytes per block", a["name"], "fit_bytes", per))
+
+    # points ranking over the battle scenarios (median ns): best gets N-1
+    points = {a["name"]: 0 for a in allocs}
+    for scenario in ["json", "mir", "vm", "mixed"]:
+        ranked = sorted((v, al) for g, n, al, m, v in rows if g == "battle" and n == scenario and m == "median_ns")
+        for place, (_, al) in enumerate(ranked):
+            points[al] += len(ranked) - 1 - place
+
+    write_outputs(opts, allocs, rows, points)
+
+
+def fmt(v):
+    if v == 0:
+        return "0"
+    if abs(v) >= 1000:
+        return f"{v:,.0f}"
+    if abs(v) >= 10:
+        return f"{v:.1f}"
+    return f"{v:.3g}"
+
+
+def write_outputs(opts, allocs, rows, points):
+    names = [a["name"] for a in allocs]
+    table = {}
+    for g, n, a, m, v in rows:
+        table.setdefault((g, n, m), {})[a] = v
+    stamp = datetime.datetime.now().strftime("%Y-%m-%d_%H%M%S")
+    out_dir = os.path.join(opts.out, stamp)
+    os.makedirs(out_dir, exist_ok=True)
+
+    lines = []
+    lines.append(f"hakmem benchmark, {datetime.datetime.now():%Y-%m-%d %H:%M}, {platform.node()}, "
+                 f"{os.cpu_count()} CPUs, {'full' if opts.full else 'default'} scale")
+    lines.append("")
+    for a in allocs:
+        lines.append(f"- {a['name']}: {a['version']}")
+    for note in NOT_BUILT:
+        lines.append(f"- {note}")
+    lines.append("")
+    ratio_cols = [c for c in ("mimalloc", "system") if c in names]
+    header = "| group | workload | metric | " + " | ".join(names) + " | " + \
+        " | ".join(f"hakmem / {c}" for c in ratio_cols) + " |"
+    lines.append(header)
+    lines.append("|" + "---|" * (3 + len(names) + len(ratio_cols)))
+    for (g, n, m), vals in table.items():
+        better = "lower" if LOWER_IS_BETTER.search(m) else "higher"
+        cells = []
+        valid = {k: v for k, v in vals.items() if k in names}
+        best = (min if better == "lower" else max)(valid.values()) if valid else None
+        for a in names:
+            v = vals.get(a)
+            cell = "-" if v is None else fmt(v)
+            if v is not None and v == best and len(valid) > 1:
+                cell = f"**{cell}**"
+            cells.append(cell)
+        ratios = []
+        for c in ratio_cols:
+            h, base = vals.get("hakmem"), vals.get(c)
+            ratios.append(f"{h / base:.2f}" if h is not None and base else "-")
+        lines.append(f"| {g} | {n} | {m} ({better} better) | " + " | ".join(cells) + " | " + " | ".join(ratios) + " |")
+    lines.append("")
+    if any(points.values()):
+        ranking = sorted(points.items(), key=lambda kv: -kv[1])
+        lines.append("Battle points (median ns per scenario; best gets N-1): " +
+                     ", ".join(f"{a} {p}" for a, p in ranking))
+    text = "\n".join(lines)
+    print(text)
+    with open(os.path.join(out_dir, "summary.md"), "w") as f:
+        f.write(text + "\n")
+    with open(os.path.join(out_dir, "results.csv"), "w", newline="") as f:
+        wr = csv.writer(f)
+        wr.writerow(["group", "workload", "allocator", "version", "metric", "median",
+                     "ratio_to_mimalloc", "ratio_to_system"])
+        versions = {a["name"]: a["version"] for a in allocs}
+        for g, n, a, m, v in rows:
+            vals = table[(g, n, m)]
+            rm = v / vals["mimalloc"] if vals.get("mimalloc") else ""
+            rs = v / vals["system"] if vals.get("system") else ""
+            wr.writerow([g, n, a, versions[a], m, v, rm, rs])
+    charts(out_dir, names, table)
+    latest = os.path.join(opts.out, "latest")
+    if os.path.islink(latest) or os.path.exists(latest):
+        os.remove(latest)
+    os.symlink(stamp, latest)
+    print(f"\nresults: {out_dir} (results.csv, summary.md, *.png)", file=sys.stderr)
+
+
+def charts(out_dir, names, table):
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("note: python3-matplotlib missing; no charts", file=sys.stderr)
+        return
+    # Ratio to mimalloc of each allocator's primary figure per workload.
+    primary = [(g, n, m) for (g, n, m) in table
+               if m in ("mops", "median_ns", "rss_delta_mib", "instr_per_iter") and "mimalloc" in table[(g, n, m)]]
+    if primary:
+        fig, ax = plt.subplots(figsize=(max(10, len(primary) * 0.45), 6))
+        width = 0.8 / len(names)
+        for i, a in enumerate(names):
+            ys = []
+            for key in primary:
+                v, base = table[key].get(a), table[key].get("mimalloc")
+                ys.append(v / base if v is not None and base else 0)
+            ax.bar([x + i * width for x in range(len(primary))], ys, width, label=a)
+        ax.axhline(1.0, color="black", linewidth=0.8)
+        ax.set_xticks([x + 0.4 - width / 2 for x in range(len(primary))])
+        ax.set_xticklabels([f"{n} ({m})" for g, n, m in primary], rotation=75, ha="right", fontsize=7)
+        ax.set_ylabel("ratio to mimalloc (mops: higher is better; ns, MiB, instr: lower)")
+        ax.set_yscale("log")
+        ax.legend()
+        fig.tight_layout()
+        fig.savefig(os.path.join(out_dir, "ratios.png"), dpi=110)
+        plt.close(fig)
+    # RSS growth against the number of live blocks.
+    fig, axes = plt.subplots(1, 2, figsize=(12, 5))
+    for ax, kind in zip(axes, ["16", "uniform"]):
+        for a in names:
+            pts = sorted((int(n.split(" x ")[1]), vals[a]) for (g, n, m), vals in table.items()
+                         if g == "memory" and m == "rss_delta_mib" and n.startswith(kind + " x") and a in vals)
+            if pts:
+                ax.plot([p[0] for p in pts], [max(p[1], 1e-3) for p in pts], marker="o", label=a)
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlabel("live blocks")
+        ax.set_ylabel("RSS growth (MiB)")
+        ax.set_title("16 B blocks" if kind == "16" else "blocks of 8..1024 B")
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(os.path.join(out_dir, "memory.png"), dpi=110)
+    plt.close(fig)
+
+
+if __name__ == "__main__":
+    main()

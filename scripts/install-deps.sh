@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Install what the project needs from Debian's packages, when missing.
+# Usage: install-deps.sh test|bench. As root it installs; otherwise it
+# names what is missing and carries on (the bench skips what it lacks).
+set -u
+test_packages="cmake make gcc g++ python3 git coreutils"
+bench_packages="$test_packages libmimalloc2.0 libjemalloc2 libgoogle-perftools4 python3-matplotlib valgrind"
+case "${1:-test}" in
+  test) wanted=$test_packages ;;
+  bench) wanted=$bench_packages ;;
+  *) echo "usage: $0 test|bench" >&2; exit 2 ;;
+esac
+missing=()
+for p in $wanted; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+[ ${#missing[@]} -eq 0 ] && exit 0
+if [ "$(id -u)" -ne 0 ]; then
+  echo "install-deps: not root; missing Debian packages: ${missing[*]}" >&2
+  exit 0
+fi
+echo "install-deps: installing ${missing[*]}"
+export DEBIAN_FRONTEND=noninteractive
+apt-get install -y -q "${missing[@]}" >/dev/null 2>&1 ||
+  { apt-get update -q >/dev/null && apt-get install -y -q "${missing[@]}" >/dev/null; } ||
+  { echo "install-deps: could not install ${missing[*]}" >&2; [ "${1:-test}" = bench ] || exit 1; }
+exit 0
