@@ -43,6 +43,21 @@ static void list_remove(slab_t **head, slab_t *s)
     s->next = s->prev = NULL;
 }
 
+/* A heap's lists are being changed: a fork now must not hand this heap to
+ * the child (see heaps_fork_child). The signal fences keep the compiler
+ * from moving list stores across the flag. */
+static void heap_enter_lists(heap_t *heap)
+{
+    atomic_store_explicit(&heap->in_slow, 1, memory_order_relaxed);
+    atomic_signal_fence(memory_order_seq_cst);
+}
+
+static void heap_leave_lists(heap_t *heap)
+{
+    atomic_signal_fence(memory_order_seq_cst);
+    atomic_store_explicit(&heap->in_slow, 0, memory_order_relaxed);
+}
+
 /* ---- slab operations (owner only) ----------------------------------------- */
 
 /* Move blocks other threads freed onto the local list. */
@@ -134,16 +149,21 @@ static void heap_release_slab(heap_t *heap, slab_t *s)
  * SuperSlab so any class can use the pages. */
 void heap_slab_emptied(heap_t *heap, slab_t *s)
 {
-    if (heap->cur[s->class_idx] != s)
-        heap_release_slab(heap, s);
+    if (heap->cur[s->class_idx] == s)
+        return;
+    heap_enter_lists(heap);
+    heap_release_slab(heap, s);
+    heap_leave_lists(heap);
 }
 
 /* The owner freed a block into a slab on its full list. */
 void heap_slab_unfull(heap_t *heap, slab_t *s)
 {
+    heap_enter_lists(heap);
     list_remove(&heap->full[s->class_idx], s);
     s->flags &= (uint8_t)~SLAB_FULL;
     list_push(&heap->avail[s->class_idx], s);
+    heap_leave_lists(heap);
 }
 
 /* Remote frees into full slabs are announced by a hint bit per class. */
@@ -214,11 +234,9 @@ void *heap_alloc_slow(heap_t *heap, unsigned c)
         if (!heap)
             return NULL;
     }
-    atomic_store_explicit(&heap->in_slow, 1, memory_order_relaxed);
-    atomic_signal_fence(memory_order_seq_cst);
+    heap_enter_lists(heap);
     void *b = heap_refill(heap, c) ? slab_pop(heap->cur[c]) : NULL;
-    atomic_signal_fence(memory_order_seq_cst);
-    atomic_store_explicit(&heap->in_slow, 0, memory_order_relaxed);
+    heap_leave_lists(heap);
     return b;
 }
 
@@ -255,9 +273,9 @@ void heap_collect(heap_t *heap)
 {
     if (heap == &hak_empty_heap)
         return;
-    atomic_store_explicit(&heap->in_slow, 1, memory_order_relaxed);
+    heap_enter_lists(heap);
     heap_tidy(heap);
-    atomic_store_explicit(&heap->in_slow, 0, memory_order_relaxed);
+    heap_leave_lists(heap);
 }
 
 /* ---- heap lifetime ------------------------------------------------------------ */
@@ -379,10 +397,10 @@ void heaps_collect_orphans(void)
         heap = heap_thread_init();
     if (!heap)
         return;
-    atomic_store_explicit(&heap->in_slow, 1, memory_order_relaxed);
+    heap_enter_lists(heap);
     while (atomic_load_explicit(&orphan_count, memory_order_relaxed) && heap_absorb_orphan(heap))
         ;
-    atomic_store_explicit(&heap->in_slow, 0, memory_order_relaxed);
+    heap_leave_lists(heap);
 }
 
 void heaps_totals(size_t *live, size_t *orphaned, uint64_t *slab_refills)
