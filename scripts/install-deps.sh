@@ -3,7 +3,7 @@
 # Usage: install-deps.sh test|bench. As root it installs; otherwise it
 # names what is missing and carries on (the bench skips what it lacks).
 set -u
-test_packages="cmake make gcc g++ python3 git coreutils"
+test_packages="cmake make gcc g++ pkg-config python3 git coreutils"
 bench_packages="$test_packages libmimalloc2.0 libjemalloc2 libgoogle-perftools4 python3-matplotlib valgrind"
 case "${1:-test}" in
   test) wanted=$test_packages ;;
