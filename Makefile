@@ -2,7 +2,8 @@
 # compare) and `make test` (build release, debug and UBSan, run every test).
 JOBS ?= $(shell nproc)
 BENCH_ARGS ?=
-PYTHON ?= /usr/bin/python3 # Debian's, where python3-matplotlib installs
+# Debian's python3, where python3-matplotlib installs (not a pyenv one)
+PYTHON ?= /usr/bin/python3
 
 .PHONY: all release debug ubsan test bench bench-full deps bench-deps install clean
 

@@ -144,16 +144,23 @@ static void heap_release_slab(heap_t *heap, slab_t *s)
 
 /* ---- fast-path support ----------------------------------------------------- */
 
+static HAK_NOINLINE void heap_release_emptied(heap_t *heap, slab_t *s)
+{
+    heap_enter_lists(heap);
+    heap_release_slab(heap, s);
+    heap_leave_lists(heap);
+}
+
 /* The owner freed the last block of s. The current slab of its class is
  * kept (the next allocation would take it back); others go back to the
  * SuperSlab so any class can use the pages. */
 void heap_slab_emptied(heap_t *heap, slab_t *s)
 {
-    if (heap->cur[s->class_idx] == s)
-        return;
-    heap_enter_lists(heap);
-    heap_release_slab(heap, s);
-    heap_leave_lists(heap);
+    /* Reached on every free that empties a slab (each iteration of a
+     * malloc/free loop): the common case, the current slab, must stay a
+     * compare and a return, with the frame of the release out of line. */
+    if (heap->cur[s->class_idx] != s)
+        heap_release_emptied(heap, s);
 }
 
 /* The owner freed a block into a slab on its full list. */
