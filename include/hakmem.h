@@ -33,6 +33,20 @@ bool hak_owns(const void *p);
  * calls hak_collect(true). */
 void hak_collect(bool force);
 
+/* Tiny size classes (blocks up to 1 KiB): how many there are, and the one
+ * that serves a request of `size` bytes (-1 above 1 KiB). */
+int hak_tiny_class_count(void);
+int hak_tiny_size_class(size_t size);
+
+/* Hand the blocks the calling thread caches for a tiny class back to their
+ * slab, so that slabs left empty are seen and their pages go back to the
+ * pool for any class (and to the OS after HAKMEM_PURGE_DELAY_MS). Returns
+ * 0, or -1 with errno EINVAL when class_index is out of range. */
+int hak_tiny_magazine_flush(int class_index);
+
+/* The same for every size class the calling thread caches, tiny and mid. */
+void hak_tiny_magazine_flush_all(void);
+
 typedef struct hak_stats {
     size_t mapped_bytes;       /* address space hakmem has mapped now */
     size_t mapped_peak;        /* and at most */

@@ -32,9 +32,10 @@ void hak_free_slow(void *p, const char *op)
     if (!p)
         return;
     unsigned kind = segmap_kind(p);
-    if (kind == SEG_LARGE_HEAD || kind == SEG_LARGE_INTERIOR)
+    if (kind == SEG_LARGE_HEAD || kind == SEG_LARGE_INTERIOR) {
+        HAK_COUNT(heap_get(), free_large);
         large_free(p, op);
-    else if (kind == SEG_SUPERSLAB)
+    } else if (kind == SEG_SUPERSLAB)
         hak_free_irregular(slab_of(superslab_of(p), p), p, op);
     else
         hak_report_bad_pointer(op, p, "pointer not allocated by hakmem (foreign, stack or global memory, or already freed)");
@@ -44,7 +45,7 @@ void hak_remote_free(slab_t *s, void *p)
 {
     /* Read what we need before the push: once the block is on the list the
      * owner may drain it and release the slab. */
-    heap_t *owner = atomic_load_explicit(&s->heap, memory_order_relaxed);
+    heap_t *owner = slab_owner_heap(atomic_load_explicit(&s->owner, memory_order_relaxed));
     unsigned c = s->class_idx;
     void *head = atomic_load_explicit(&s->remote, memory_order_relaxed);
     do
@@ -61,7 +62,7 @@ void hak_remote_free(slab_t *s, void *p)
  * the start of a carved block, or inside one of a slab with aligned blocks. */
 static void *slab_block_checked(slab_t *s, void *p, const char *op)
 {
-    if (unlikely(!s)) {
+    if (unlikely(!s->in_use)) {
         hak_report_bad_pointer(op, p, "pointer into hakmem memory that holds no block (freed slab or metadata)");
         return NULL;
     }
@@ -71,7 +72,8 @@ static void *slab_block_checked(slab_t *s, void *p, const char *op)
         hak_report_bad_pointer(op, p, "pointer into hakmem memory that was never handed out");
         return NULL;
     }
-    if (unlikely(block != (char *)p) && !(s->flags & SLAB_ALIGNED)) {
+    uintptr_t owner = atomic_load_explicit(&s->owner, memory_order_relaxed);
+    if (unlikely(block != (char *)p) && !(owner & SLAB_ALIGNED)) {
         hak_report_bad_pointer(op, p, "interior pointer: not the start of a block");
         return NULL;
     }
@@ -84,7 +86,9 @@ void hak_free_irregular(slab_t *s, void *p, const char *op)
     if (!block)
         return;
     heap_t *heap = heap_get();
-    if (atomic_load_explicit(&s->heap, memory_order_relaxed) != heap) {
+    uintptr_t owner = atomic_load_explicit(&s->owner, memory_order_relaxed);
+    if (slab_owner_heap(owner) != heap) {
+        HAK_COUNT(heap, free_remote);
         hak_remote_free(s, block);
         return;
     }
@@ -92,10 +96,11 @@ void hak_free_irregular(slab_t *s, void *p, const char *op)
         hak_report_bad_pointer(op, p, "double free");
         return;
     }
+    HAK_COUNT(heap, free_local_slow);
     *(void **)block = s->free;
     s->free = block;
     s->used--;
-    if (s->flags & SLAB_FULL)
+    if (owner & SLAB_FULL)
         heap_slab_unfull(heap, s);
     if (s->used == 0)
         heap_slab_emptied(heap, s);
@@ -171,7 +176,7 @@ void *hak_alloc_aligned(size_t align, size_t size)
                 return NULL;
             char *aligned = (char *)(((uintptr_t)b + align - 1) & ~(uintptr_t)(align - 1));
             if (aligned != b)
-                slab_of(superslab_of(b), b)->flags |= SLAB_ALIGNED;
+                heap_slab_mark_aligned(slab_of(superslab_of(b), b));
             return aligned;
         }
     }

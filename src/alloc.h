@@ -5,15 +5,13 @@
 
 #include "internal.h"
 
-/* Pop a block of class c from the calling thread's current slab. */
+/* Pop a block of class c from the calling thread's cache. */
 static inline void *hak_alloc_class(unsigned c)
 {
     heap_t *heap = heap_get();
-    slab_t *s = heap->cur[c];
-    void *b = s->free;
+    void *b = heap->cache[c];
     if (likely(b != NULL)) {
-        s->free = *(void **)b;
-        s->used++;
+        heap->cache[c] = *(void **)b;
         return b;
     }
     return heap_alloc_slow(heap, c);
@@ -26,10 +24,11 @@ static inline void *hak_alloc(size_t size)
     return hak_alloc_slow_size(size);
 }
 
-/* Free: mask to the SuperSlab, index the slab, and if the caller owns it
- * push the block onto the slab's free list. Anything unusual (another
- * thread's slab, a flagged slab, a pointer that is not a block start, an
- * immediate double free) goes to hak_free_irregular, which also reports. */
+/* Free: mask to the SuperSlab, look up the slab, and if the caller owns it
+ * with no flag set, push the block onto the slab's free list. Anything
+ * unusual (another thread's slab, a flagged slab, the slab's last block,
+ * a pointer that is not a block start, an immediate double free) goes to
+ * hak_free_irregular, which also reports. */
 static inline void hak_free(void *p, const char *op)
 {
     if (unlikely(segmap_kind(p) != SEG_SUPERSLAB)) {
@@ -38,14 +37,16 @@ static inline void hak_free(void *p, const char *op)
     }
     slab_t *s = slab_of(superslab_of(p), p);
     heap_t *heap = heap_get();
-    if (likely(s && atomic_load_explicit(&s->heap, memory_order_relaxed) == heap && s->flags == 0)) {
-        uint32_t index = slab_block_index(s, p);
-        if (likely((char *)p == s->start + (size_t)index * s->block_size && index < s->carved &&
-                   p != s->free && s->used != 0)) {
+    if (likely(atomic_load_explicit(&s->owner, memory_order_relaxed) == (uintptr_t)heap)) {
+        uint64_t offset_times_recip = (uint64_t)((char *)p - s->start) * s->recip;
+        uint32_t used = s->used;
+        /* used <= 1: the slab empties (or the block was free already). */
+        if (likely(!(offset_times_recip & RECIP_REMAINDER_BITS) && (char *)p < s->carved_end &&
+                   p != s->free && used > 1)) {
+            HAK_COUNT(heap, free_local);
             *(void **)p = s->free;
             s->free = p;
-            if (unlikely(--s->used == 0))
-                heap_slab_emptied(heap, s);
+            s->used = used - 1;
             return;
         }
     }

@@ -6,8 +6,7 @@
 #include <pthread.h>
 #include <string.h>
 
-slab_t hak_empty_slab;
-heap_t hak_empty_heap = {.cur = {[0 ... CLASS_COUNT - 1] = &hak_empty_slab}};
+heap_t hak_empty_heap;
 HAK_TLS heap_t *hak_tl_heap = &hak_empty_heap;
 
 static pthread_mutex_t heaps_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -60,18 +59,40 @@ static void heap_leave_lists(heap_t *heap)
 
 /* ---- slab operations (owner only) ----------------------------------------- */
 
+static void slab_set_flags(slab_t *s, uintptr_t set, uintptr_t clear)
+{
+    uintptr_t owner = atomic_load_explicit(&s->owner, memory_order_relaxed);
+    atomic_store_explicit(&s->owner, (owner | set) & ~clear, memory_order_relaxed);
+}
+
+/* A new owner for s (taking over an orphan's slabs); the flags stay. */
+static void slab_set_owner(slab_t *s, heap_t *heap)
+{
+    uintptr_t owner = atomic_load_explicit(&s->owner, memory_order_relaxed);
+    atomic_store_explicit(&s->owner, (owner & SLAB_FLAGS) | (uintptr_t)heap, memory_order_release);
+}
+
+static bool slab_is_full(slab_t *s)
+{
+    return atomic_load_explicit(&s->owner, memory_order_relaxed) & SLAB_FULL;
+}
+
+static uint32_t list_length(void *list, void **tail)
+{
+    uint32_t n = 0;
+    for (void *b = list; b; b = *(void **)b, n++)
+        *tail = b;
+    return n;
+}
+
 /* Move blocks other threads freed onto the local list. */
 static void slab_drain_remote(slab_t *s)
 {
     void *list = atomic_exchange_explicit(&s->remote, NULL, memory_order_acquire);
     if (!list)
         return;
-    uint32_t n = 1;
-    void *tail = list;
-    while (*(void **)tail) {
-        tail = *(void **)tail;
-        n++;
-    }
+    void *tail;
+    uint32_t n = list_length(list, &tail);
     if (unlikely(n > s->used)) {
         hak_report_bad_pointer("free", list, "more blocks freed than allocated in this slab (double free from another thread)");
         return; /* leak the list rather than hand a block out twice */
@@ -81,22 +102,59 @@ static void slab_drain_remote(slab_t *s)
     s->used -= n;
 }
 
-/* Thread the next never-used blocks into the free list. */
-static bool slab_carve(slab_t *s)
+/* Thread the next never-used blocks into a list, or return NULL when every
+ * block has been carved. */
+static void *slab_carve(slab_t *s, void **tail)
 {
     uint32_t left = s->capacity - s->carved;
     if (!left)
-        return false;
+        return NULL;
     uint32_t n = CARVE_BYTES / s->block_size;
     n = n == 0 ? 1 : n > left ? left : n;
     char *first = s->start + (size_t)s->carved * s->block_size;
     char *b = first;
     for (uint32_t i = 1; i < n; i++, b += s->block_size)
         *(void **)b = b + s->block_size;
-    *(void **)b = s->free;
-    s->free = first;
+    *(void **)b = NULL;
+    *tail = b;
     s->carved += n;
-    return true;
+    s->used += n;
+    s->carved_end = b + s->block_size;
+    return first;
+}
+
+/* Blocks for the cache from s, which becomes (or is) the current slab:
+ * its local list, new blocks, or what other threads freed, in that order.
+ * Every block handed to the cache counts as used. */
+static void *slab_take_blocks(heap_t *heap, slab_t *s)
+{
+    void *list = s->free, *tail;
+    if (list) {
+        HAK_COUNT(heap, refill_local);
+        uint32_t local = s->carved - s->used; /* the remote list counts as used */
+        s->free = NULL;
+        s->used = s->carved;
+        /* A short list means another refill soon (a small ring of live
+         * blocks keeps it short for good): lengthen it once with new ones. */
+        if ((size_t)local * s->block_size < CARVE_BYTES / 2) {
+            void *fresh = slab_carve(s, &tail);
+            if (fresh) {
+                *(void **)tail = list;
+                list = fresh;
+            }
+        }
+        return list;
+    }
+    list = slab_carve(s, &tail);
+    if (list) {
+        HAK_COUNT(heap, refill_carve);
+        return list;
+    }
+    /* Remote blocks count as used: no need to walk the list. */
+    list = atomic_exchange_explicit(&s->remote, NULL, memory_order_acquire);
+    if (list)
+        HAK_COUNT(heap, refill_remote);
+    return list;
 }
 
 static bool slab_has_room(slab_t *s)
@@ -104,23 +162,31 @@ static bool slab_has_room(slab_t *s)
     return s->free || s->carved < s->capacity || atomic_load_explicit(&s->remote, memory_order_relaxed);
 }
 
-static void *slab_pop(slab_t *s)
+/* Put the class's cached blocks back on the current slab's local list, so
+ * that its used count is exact again. */
+static void heap_return_cache(heap_t *heap, unsigned c)
 {
-    void *b = s->free;
-    s->free = *(void **)b;
-    s->used++;
-    return b;
+    void *list = heap->cache[c];
+    if (!list)
+        return;
+    heap->cache[c] = NULL;
+    slab_t *s = heap->cur[c];
+    void *tail;
+    uint32_t n = list_length(list, &tail);
+    *(void **)tail = s->free;
+    s->free = list;
+    s->used -= n;
 }
 
-/* A slab the heap keeps: cur, on avail, or on full. */
+/* A slab the heap keeps: on avail, or on full. */
 static void heap_file_slab(heap_t *heap, slab_t *s)
 {
     unsigned c = s->class_idx;
     if (slab_has_room(s)) {
-        s->flags &= (uint8_t)~SLAB_FULL;
+        slab_set_flags(s, 0, SLAB_FULL);
         list_push(&heap->avail[c], s);
     } else {
-        s->flags |= SLAB_FULL;
+        slab_set_flags(s, SLAB_FULL, 0);
         list_push(&heap->full[c], s);
     }
 }
@@ -129,8 +195,8 @@ static void heap_unlink_slab(heap_t *heap, slab_t *s)
 {
     unsigned c = s->class_idx;
     if (heap->cur[c] == s)
-        heap->cur[c] = &hak_empty_slab;
-    else if (s->flags & SLAB_FULL)
+        heap->cur[c] = NULL;
+    else if (slab_is_full(s))
         list_remove(&heap->full[c], s);
     else
         list_remove(&heap->avail[c], s);
@@ -156,9 +222,6 @@ static HAK_NOINLINE void heap_release_emptied(heap_t *heap, slab_t *s)
  * SuperSlab so any class can use the pages. */
 void heap_slab_emptied(heap_t *heap, slab_t *s)
 {
-    /* Reached on every free that empties a slab (each iteration of a
-     * malloc/free loop): the common case, the current slab, must stay a
-     * compare and a return, with the frame of the release out of line. */
     if (heap->cur[s->class_idx] != s)
         heap_release_emptied(heap, s);
 }
@@ -168,10 +231,12 @@ void heap_slab_unfull(heap_t *heap, slab_t *s)
 {
     heap_enter_lists(heap);
     list_remove(&heap->full[s->class_idx], s);
-    s->flags &= (uint8_t)~SLAB_FULL;
+    slab_set_flags(s, 0, SLAB_FULL);
     list_push(&heap->avail[s->class_idx], s);
     heap_leave_lists(heap);
 }
+
+void heap_slab_mark_aligned(slab_t *s) { slab_set_flags(s, SLAB_ALIGNED, 0); }
 
 /* Remote frees into full slabs are announced by a hint bit per class. */
 static bool heap_take_hint(heap_t *heap, unsigned c)
@@ -186,6 +251,7 @@ static bool heap_take_hint(heap_t *heap, unsigned c)
 
 static void heap_revive_full(heap_t *heap, unsigned c)
 {
+    HAK_COUNT(heap, refill_revive);
     for (slab_t *s = heap->full[c], *next; s; s = next) {
         next = s->next;
         slab_drain_remote(s);
@@ -193,7 +259,7 @@ static void heap_revive_full(heap_t *heap, unsigned c)
             heap_release_slab(heap, s);
         } else if (s->free) {
             list_remove(&heap->full[c], s);
-            s->flags &= (uint8_t)~SLAB_FULL;
+            slab_set_flags(s, 0, SLAB_FULL);
             list_push(&heap->avail[c], s);
         }
     }
@@ -201,30 +267,33 @@ static void heap_revive_full(heap_t *heap, unsigned c)
 
 static bool heap_absorb_orphan(heap_t *heap);
 
-/* Make heap->cur[c] a slab with a non-empty free list. */
+/* Fill heap->cache[c], which is empty. */
 static bool heap_refill(heap_t *heap, unsigned c)
 {
     for (;;) {
         slab_t *s = heap->cur[c];
-        if (s != &hak_empty_slab) {
-            if (s->free || slab_carve(s))
+        if (s) {
+            void *list = slab_take_blocks(heap, s);
+            if (list) {
+                heap->cache[c] = list;
                 return true;
-            slab_drain_remote(s);
-            if (s->free)
-                return true;
-            s->flags |= SLAB_FULL;
+            }
+            slab_set_flags(s, SLAB_FULL, 0);
             list_push(&heap->full[c], s);
-            heap->cur[c] = &hak_empty_slab;
+            heap->cur[c] = NULL;
         }
         if (heap_take_hint(heap, c))
             heap_revive_full(heap, c);
         s = heap->avail[c];
         if (s) {
+            HAK_COUNT(heap, refill_avail);
             list_remove(&heap->avail[c], s);
         } else if (atomic_load_explicit(&orphan_count, memory_order_relaxed) &&
                    heap_absorb_orphan(heap)) {
+            HAK_COUNT(heap, refill_orphan);
             continue;
         } else {
+            HAK_COUNT(heap, refill_new_slab);
             s = superslab_slab_acquire(heap, c);
             if (!s)
                 return false;
@@ -242,38 +311,50 @@ void *heap_alloc_slow(heap_t *heap, unsigned c)
             return NULL;
     }
     heap_enter_lists(heap);
-    void *b = heap_refill(heap, c) ? slab_pop(heap->cur[c]) : NULL;
+    void *b = NULL;
+    if (heap_refill(heap, c)) {
+        b = heap->cache[c];
+        heap->cache[c] = *(void **)b;
+    }
     heap_leave_lists(heap);
     return b;
 }
 
 /* ---- collection -------------------------------------------------------------- */
 
-/* Drain every slab, give empty ones back, refile the rest. */
-static void heap_tidy(heap_t *heap)
+/* A slab leaving the heap's hands, or refiled: drained, released if empty. */
+static void heap_tidy_slab(heap_t *heap, slab_t *s)
 {
-    for (unsigned c = 0; c < CLASS_COUNT; c++) {
-        slab_t *s = heap->cur[c];
-        if (s != &hak_empty_slab) {
-            heap->cur[c] = &hak_empty_slab;
-            slab_drain_remote(s);
-            if (s->used == 0)
-                superslab_slab_release(s);
-            else
-                heap_file_slab(heap, s);
+    slab_drain_remote(s);
+    if (s->used == 0)
+        superslab_slab_release(s);
+    else
+        heap_file_slab(heap, s);
+}
+
+/* Hand class c's cached blocks back to their slab, drain every slab of the
+ * class, give empty ones back to the SuperSlab pool and refile the rest. */
+static void heap_tidy_class(heap_t *heap, unsigned c)
+{
+    heap_return_cache(heap, c);
+    slab_t *lists[3] = {heap->cur[c], heap->avail[c], heap->full[c]};
+    if (lists[0])
+        lists[0]->next = NULL;
+    heap->cur[c] = heap->avail[c] = heap->full[c] = NULL;
+    for (int l = 0; l < 3; l++)
+        for (slab_t *it = lists[l], *next; it; it = next) {
+            next = it->next;
+            heap_tidy_slab(heap, it);
         }
-        slab_t *lists[2] = {heap->avail[c], heap->full[c]};
-        heap->avail[c] = heap->full[c] = NULL;
-        for (int l = 0; l < 2; l++)
-            for (slab_t *it = lists[l], *next; it; it = next) {
-                next = it->next;
-                slab_drain_remote(it);
-                if (it->used == 0)
-                    superslab_slab_release(it);
-                else
-                    heap_file_slab(heap, it);
-            }
-    }
+}
+
+void heap_flush_class(heap_t *heap, unsigned c)
+{
+    if (heap == &hak_empty_heap)
+        return;
+    heap_enter_lists(heap);
+    heap_tidy_class(heap, c);
+    heap_leave_lists(heap);
 }
 
 void heap_collect(heap_t *heap)
@@ -281,7 +362,8 @@ void heap_collect(heap_t *heap)
     if (heap == &hak_empty_heap)
         return;
     heap_enter_lists(heap);
-    heap_tidy(heap);
+    for (unsigned c = 0; c < CLASS_COUNT; c++)
+        heap_tidy_class(heap, c);
     heap_leave_lists(heap);
 }
 
@@ -301,7 +383,6 @@ static heap_t *heap_new_locked(void)
     }
     heap_t *h = (heap_t *)meta_next;
     meta_next += size;
-    memcpy(h->cur, hak_empty_heap.cur, sizeof h->cur);
     h->next_all = all_heaps;
     all_heaps = h;
     return h;
@@ -374,20 +455,16 @@ static bool heap_absorb_orphan(heap_t *heap)
     if (!o)
         return false;
     for (unsigned c = 0; c < CLASS_COUNT; c++) {
-        slab_t *lists[3] = {o->cur[c] == &hak_empty_slab ? NULL : o->cur[c], o->avail[c], o->full[c]};
+        heap_return_cache(o, c); /* a heap orphaned by fork may hold a cache */
+        slab_t *lists[3] = {o->cur[c], o->avail[c], o->full[c]};
         if (lists[0])
             lists[0]->next = NULL;
-        o->cur[c] = &hak_empty_slab;
-        o->avail[c] = o->full[c] = NULL;
+        o->cur[c] = o->avail[c] = o->full[c] = NULL;
         for (int l = 0; l < 3; l++)
             for (slab_t *s = lists[l], *next; s; s = next) {
                 next = s->next;
-                atomic_store_explicit(&s->heap, heap, memory_order_release);
-                slab_drain_remote(s);
-                if (s->used == 0)
-                    superslab_slab_release(s);
-                else
-                    heap_file_slab(heap, s);
+                slab_set_owner(s, heap);
+                heap_tidy_slab(heap, s);
             }
     }
     pthread_mutex_lock(&heaps_lock);
@@ -410,13 +487,19 @@ void heaps_collect_orphans(void)
     heap_leave_lists(heap);
 }
 
-void heaps_totals(size_t *live, size_t *orphaned, uint64_t *slab_refills)
+void heaps_totals(size_t *live, size_t *orphaned, uint64_t *slab_refills, uint64_t *counters)
 {
     pthread_mutex_lock(&heaps_lock);
     for (heap_t *h = all_heaps; h; h = h->next_all) {
         *live += h->state == HEAP_LIVE;
         *orphaned += h->state == HEAP_ORPHAN;
         *slab_refills += h->slab_refills;
+#ifdef HAKMEM_COUNTERS
+        for (unsigned i = 0; i < HAK_COUNTER_COUNT; i++)
+            counters[i] += h->counters[i];
+#else
+        (void)counters;
+#endif
     }
     pthread_mutex_unlock(&heaps_lock);
 }

@@ -13,7 +13,6 @@ void hak_init_slow(void)
     if (atomic_compare_exchange_strong(&hak_init_state, &expected, 1)) {
         sizeclass_init();
         options_init();
-        segmap_init();
         atomic_store_explicit(&hak_init_state, 2, memory_order_release);
         heaps_process_init();
         stats_init();

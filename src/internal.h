@@ -88,34 +88,52 @@ static inline bool class_is_tiny(unsigned c) { return c < TINY_CLASSES; }
 
 struct heap;
 
+/* Flags live in the low bits of a slab's owner word, so that the free fast
+ * path tests "owned by the caller and nothing special" with one compare. */
 enum slab_flag {
     SLAB_FULL = 1,    /* on the heap's full list: a local free must move it back */
     SLAB_ALIGNED = 2, /* holds over-allocated aligned blocks: interior frees allowed */
+    SLAB_FLAGS = 3,
 };
 
-/* One slab: a run of 64 KiB pages holding blocks of one size class. The
- * owner thread pops and pushes `free` without atomics; other threads push
- * onto `remote` with one CAS and the owner drains it when it refills. */
+/* One slab: a run of 64 KiB pages holding blocks of one size class. Local
+ * frees push onto `free` without atomics; other threads push onto
+ * `remote` with one CAS. The owner allocates from its heap's cache, which
+ * takes the current slab's lists whole when it runs dry.
+ * `used` counts the blocks not on `free`: handed out, in the owner's cache
+ * or on `remote`. It reaches 0 exactly when a local free empties the slab. */
 typedef struct slab {
     void *free;                /* owner-local free list, linked through the blocks */
-    uint32_t used;             /* blocks out, as the owner counts them */
-    uint8_t flags;             /* enum slab_flag; 0 on the fast path */
+    uint32_t used;
+    uint32_t block_size;
+    _Atomic uintptr_t owner;   /* owning heap | enum slab_flag; 0 when free */
+    char *start;               /* first block (page aligned) */
+    char *carved_end;          /* blocks below were threaded at least once */
+    uint64_t recip;            /* ceil(2^43 / block_size): exact division for offsets < 2 MiB */
+    uint32_t capacity;         /* blocks that fit in the slab */
+    uint32_t carved;           /* blocks carved so far; the rest were never touched */
     uint8_t class_idx;
     uint8_t span;              /* pages */
     uint8_t in_use;            /* owned by a heap (else the pages are free) */
-    _Atomic(struct heap *) heap; /* owner; compared with the caller's heap on free */
-    char *start;               /* first block (page aligned) */
-    uint64_t recip;            /* ceil(2^43 / block_size): exact division for offsets < 2 MiB */
-    uint32_t block_size;
-    uint32_t capacity;         /* blocks that fit in the slab */
-    uint32_t carved;           /* blocks carved so far; the rest were never touched */
-    uint32_t pad_;
     struct slab *next, *prev;  /* the owner heap's list for this class */
-    _Alignas(64) _Atomic(void *) remote; /* MPSC list of blocks freed by other threads */
+    _Atomic(void *) remote;    /* MPSC list of blocks freed by other threads */
 } slab_t;
 
 #define RECIP_SHIFT 43
+/* off * recip has zero bits RECIP_SHIFT-1..SS_SHIFT exactly when off (below
+ * 2 MiB) is a multiple of a block size of at most 1 MiB: the remainder
+ * term is at least recip >= 2^23 when it is not, and below off < 2^21
+ * when it is. */
+#define RECIP_REMAINDER_BITS ((((uint64_t)1 << RECIP_SHIFT) - 1) & ~(((uint64_t)1 << SS_SHIFT) - 1))
 
+static inline struct heap *slab_owner_heap(uintptr_t owner)
+{
+    return (struct heap *)(owner & ~(uintptr_t)SLAB_FLAGS);
+}
+
+/* The header page: descriptors for the 31 data pages of a SuperSlab
+ * (indexed by head page - 1) and, per page, the slab that covers it. A
+ * page outside any slab maps to hak_no_slab, whose owner matches no heap. */
 typedef struct superslab {
     uint32_t magic;
     uint32_t free_pages;      /* bit i: data page i belongs to no slab */
@@ -123,21 +141,27 @@ typedef struct superslab {
     uint32_t pad_;
     uint64_t dirty_since_ms;  /* when the oldest unpurged page was freed */
     struct superslab *next, *prev; /* global list, under ss_lock */
-    uint8_t page_slab[SS_PAGES];   /* head page of the slab covering page i, 0 = none */
-    _Alignas(64) slab_t slabs[SS_PAGES]; /* indexed by head page */
+    slab_t *page_slab[SS_PAGES];   /* the slab covering page i */
+    slab_t slabs[SS_MAX_SPAN];     /* slabs[i - 1]: the slab whose head is page i */
 } superslab_t;
+
+extern slab_t hak_no_slab;
 
 static inline superslab_t *superslab_of(const void *p)
 {
     return (superslab_t *)((uintptr_t)p & ~(uintptr_t)SS_MASK);
 }
 
-/* The slab descriptor covering p, or NULL when p lies in the header page or
- * in free pages. */
+/* The slab descriptor covering p: hak_no_slab when p lies in the header
+ * page or in free pages. */
 static inline slab_t *slab_of(superslab_t *ss, const void *p)
 {
-    unsigned head = ss->page_slab[((uintptr_t)p & SS_MASK) >> SLAB_PAGE_SHIFT];
-    return head ? &ss->slabs[head] : NULL;
+    return ss->page_slab[((uintptr_t)p & SS_MASK) >> SLAB_PAGE_SHIFT];
+}
+
+static inline unsigned slab_head_page(const slab_t *s)
+{
+    return (unsigned)(s - superslab_of(s)->slabs) + SS_FIRST_DATA_PAGE;
 }
 
 /* Index of the block that contains p (p inside the slab). */
@@ -149,30 +173,55 @@ static inline uint32_t slab_block_index(const slab_t *s, const void *p)
 
 /* ---- Segment map ------------------------------------------------------- */
 
-extern _Atomic(uint8_t) *hak_segmap;
-extern uintptr_t hak_segmap_limit; /* 0 until the map exists, then 2^ADDRESS_BITS */
+/* In .bss: its pages cost nothing until a SuperSlab or large mapping in
+ * their 8 GiB of address space is marked, and the fast path indexes it
+ * without loading a base pointer, before init as after. */
+extern _Atomic(uint8_t) hak_segmap[SEGMAP_ENTRIES];
 
 static inline unsigned segmap_kind(const void *p)
 {
-    uintptr_t a = (uintptr_t)p;
-    if (unlikely(a >= hak_segmap_limit))
+    uintptr_t chunk = (uintptr_t)p >> SS_SHIFT;
+    if (unlikely(chunk >= SEGMAP_ENTRIES))
         return SEG_NONE;
-    return atomic_load_explicit(&hak_segmap[a >> SS_SHIFT], memory_order_relaxed);
+    return atomic_load_explicit(&hak_segmap[chunk], memory_order_relaxed);
 }
 
 void segmap_set(void *chunk, size_t size, unsigned head_kind);
 void segmap_clear(void *chunk, size_t size);
-void segmap_init(void);
 
 /* ---- Thread heaps ------------------------------------------------------ */
 
 enum heap_state { HEAP_LIVE, HEAP_ORPHAN, HEAP_FREE, HEAP_DEAD };
 
-/* Per-thread state. cur[c] is never NULL: it points at a sentinel slab with
- * an empty free list until the class is first used, so the fast path needs
- * no test. Heaps are never unmapped (a remote free may still read one). */
+/* Debug counters (build option HAKMEM_COUNTERS): the refill stages and the
+ * free pipeline, counted per heap without atomics. Without the option
+ * HAK_COUNT compiles to nothing. */
+#define HAK_COUNTER_LIST(X)                                                                     \
+    X(refill_local, "refill: took the current slab's local free list")                        \
+    X(refill_carve, "refill: carved never-used blocks")                                       \
+    X(refill_remote, "refill: took the current slab's remote frees")                          \
+    X(refill_revive, "refill: revived full slabs that had remote frees")                      \
+    X(refill_avail, "refill: switched to another owned slab with room")                       \
+    X(refill_orphan, "refill: absorbed an exited thread's heap")                              \
+    X(refill_new_slab, "refill: took a new slab from the SuperSlab pool")                     \
+    X(free_local, "free: same thread, fast path")                                             \
+    X(free_local_slow, "free: same thread, flagged slab (full list or aligned blocks)")       \
+    X(free_remote, "free: another thread's slab, pushed onto its remote list")                \
+    X(free_large, "free: large block")
+#define HAK_COUNTER_ENUM(name, what) HAK_CNT_##name,
+enum { HAK_COUNTER_LIST(HAK_COUNTER_ENUM) HAK_COUNTER_COUNT };
+#ifdef HAKMEM_COUNTERS
+#define HAK_COUNT(heap, name) ((heap)->counters[HAK_CNT_##name]++)
+#else
+#define HAK_COUNT(heap, name) ((void)(heap))
+#endif
+
+/* Per-thread state. The allocation fast path pops cache[c]: a list of free
+ * blocks of cur[c], the slab it is filled from. Heaps are never unmapped
+ * (a remote free may still read one). */
 typedef struct heap {
-    slab_t *cur[CLASS_COUNT];   /* the slab the fast path allocates from */
+    void *cache[CLASS_COUNT];   /* free blocks of cur[c], ready to hand out */
+    slab_t *cur[CLASS_COUNT];   /* the slab the cache is filled from, or NULL */
     slab_t *avail[CLASS_COUNT]; /* other owned slabs with room */
     slab_t *full[CLASS_COUNT];  /* owned slabs with no room; remote frees revive them */
     _Atomic uint64_t remote_hint[(CLASS_COUNT + 63) / 64]; /* class got a remote free */
@@ -181,9 +230,11 @@ typedef struct heap {
     struct heap *next_all;     /* registry of every heap ever made */
     struct heap *next_orphan;
     uint64_t slab_refills;     /* read racily by the report */
+#ifdef HAKMEM_COUNTERS
+    uint64_t counters[HAK_COUNTER_COUNT];
+#endif
 } heap_t;
 
-extern slab_t hak_empty_slab;
 extern heap_t hak_empty_heap;
 extern HAK_TLS heap_t *hak_tl_heap;
 
@@ -193,13 +244,15 @@ void *heap_alloc_slow(heap_t *heap, unsigned c);
 heap_t *heap_thread_init(void);
 void heap_slab_emptied(heap_t *heap, slab_t *s);
 void heap_slab_unfull(heap_t *heap, slab_t *s);
+void heap_slab_mark_aligned(slab_t *s);
 void heap_collect(heap_t *heap);
+void heap_flush_class(heap_t *heap, unsigned c);
 void heaps_collect_orphans(void);
 void heaps_fork_prepare(void);
 void heaps_fork_parent(void);
 void heaps_fork_child(void);
 void heaps_process_init(void);
-void heaps_totals(size_t *live, size_t *orphaned, uint64_t *slab_refills);
+void heaps_totals(size_t *live, size_t *orphaned, uint64_t *slab_refills, uint64_t *counters);
 
 /* ---- SuperSlab pool ---------------------------------------------------- */
 
@@ -277,7 +330,6 @@ void *os_map(size_t size);
 void *os_map_aligned(size_t size, size_t align);
 void *os_map_aligned_at(size_t size, size_t align, size_t offset);
 void *os_remap_aligned(void *p, size_t old_size, size_t new_size, size_t align);
-void *os_reserve(size_t size);
 void os_unmap(void *p, size_t size);
 void os_purge(void *p, size_t size);
 size_t os_page_size(void);

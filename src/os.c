@@ -32,14 +32,6 @@ size_t os_page_size(void)
     return page;
 }
 
-/* Reserve address space that is committed only when touched. */
-void *os_reserve(size_t size)
-{
-    void *p = mmap(NULL, size, PROT_READ | PROT_WRITE,
-                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-    return p == MAP_FAILED ? NULL : p;
-}
-
 void *os_map(size_t size)
 {
     int saved = errno;

@@ -118,7 +118,7 @@ HAK_EXPORT bool hak_owns(const void *p)
     unsigned kind = segmap_kind(p);
     if (kind == SEG_SUPERSLAB) {
         slab_t *s = slab_of(superslab_of(p), p);
-        return s && s->in_use && slab_block_index(s, p) < s->carved;
+        return s->in_use && slab_block_index(s, p) < s->carved;
     }
     if (kind == SEG_LARGE_HEAD || kind == SEG_LARGE_INTERIOR) {
         large_hdr_t *h = large_header_of(p);
@@ -134,6 +134,22 @@ HAK_EXPORT void hak_collect(bool force)
     heaps_collect_orphans();
     superslab_purge(force);
 }
+
+HAK_EXPORT int hak_tiny_class_count(void) { return TINY_CLASSES; }
+
+HAK_EXPORT int hak_tiny_size_class(size_t size) { return size <= TINY_MAX ? (int)class_of(size) : -1; }
+
+HAK_EXPORT int hak_tiny_magazine_flush(int class_index)
+{
+    if (class_index < 0 || class_index >= TINY_CLASSES) {
+        errno = EINVAL;
+        return -1;
+    }
+    heap_flush_class(heap_get(), (unsigned)class_index);
+    return 0;
+}
+
+HAK_EXPORT void hak_tiny_magazine_flush_all(void) { heap_collect(heap_get()); }
 
 /* ---- entry points for override_new.cc (hidden) --------------------------------- */
 

@@ -19,13 +19,34 @@ HAK_EXPORT void hak_stats_get(hak_stats_t *out)
     out->mid_slabs = slabs[1];
     out->tiny_bytes = bytes[0];
     out->mid_bytes = bytes[1];
-    heaps_totals(&out->heaps_live, &out->heaps_orphaned, &out->slab_refills);
+    uint64_t counters[HAK_COUNTER_COUNT] = {0};
+    heaps_totals(&out->heaps_live, &out->heaps_orphaned, &out->slab_refills, counters);
     out->large_allocs = atomic_load(&hak_large_allocs);
     out->rss_bytes = os_rss_bytes();
     os_page_faults(&out->page_faults_minor, &out->page_faults_major);
 }
 
 static double mib(size_t bytes) { return (double)bytes / (1024.0 * 1024.0); }
+
+/* The debug counters of every heap, when the build has them. */
+static void print_counters(FILE *out)
+{
+#ifdef HAKMEM_COUNTERS
+    static const char *const what[] = {
+#define HAK_COUNTER_TEXT(name, text) text,
+        HAK_COUNTER_LIST(HAK_COUNTER_TEXT)
+#undef HAK_COUNTER_TEXT
+    };
+    size_t live = 0, orphaned = 0;
+    uint64_t refills = 0, counters[HAK_COUNTER_COUNT] = {0};
+    heaps_totals(&live, &orphaned, &refills, counters);
+    fprintf(out, "  debug counters (HAKMEM_COUNTERS build)\n");
+    for (unsigned i = 0; i < HAK_COUNTER_COUNT; i++)
+        fprintf(out, "    %14llu  %s\n", (unsigned long long)counters[i], what[i]);
+#else
+    (void)out;
+#endif
+}
 
 HAK_EXPORT void hak_stats_print(FILE *out)
 {
@@ -42,6 +63,7 @@ HAK_EXPORT void hak_stats_print(FILE *out)
     fprintf(out, "  heaps         %10zu live, %zu orphaned\n", s.heaps_live, s.heaps_orphaned);
     fprintf(out, "  page faults   %10llu minor, %llu major\n", (unsigned long long)s.page_faults_minor,
             (unsigned long long)s.page_faults_major);
+    print_counters(out);
 }
 
 /* Programs may close stderr before exit (coreutils does), so the exit

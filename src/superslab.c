@@ -7,16 +7,9 @@
 
 #include <pthread.h>
 
-_Atomic(uint8_t) *hak_segmap;
-uintptr_t hak_segmap_limit;
+_Atomic(uint8_t) hak_segmap[SEGMAP_ENTRIES];
 
-void segmap_init(void)
-{
-    hak_segmap = os_reserve(SEGMAP_ENTRIES);
-    if (!hak_segmap)
-        hak_fatal("cannot reserve the segment map");
-    hak_segmap_limit = (uintptr_t)1 << ADDRESS_BITS;
-}
+slab_t hak_no_slab; /* owner 0 matches no heap; in_use 0 */
 
 static pthread_mutex_t ss_lock = PTHREAD_MUTEX_INITIALIZER;
 static superslab_t *ss_list;   /* every mapped SuperSlab */
@@ -69,6 +62,8 @@ static superslab_t *superslab_map(void)
         return NULL;
     ss->magic = SS_MAGIC;
     ss->free_pages = DATA_PAGES_MASK;
+    for (unsigned i = 0; i < SS_PAGES; i++)
+        ss->page_slab[i] = &hak_no_slab;
     segmap_set(ss, SS_SIZE, SEG_SUPERSLAB);
     list_link(ss);
     ss_count++;
@@ -182,15 +177,14 @@ slab_t *superslab_slab_acquire(heap_t *heap, unsigned c)
     uint32_t mask = run_mask(page, span);
     ss->free_pages &= ~mask;
     ss->dirty_pages &= ~mask;
+    slab_t *s = &ss->slabs[page - SS_FIRST_DATA_PAGE];
     for (unsigned i = 0; i < span; i++)
-        ss->page_slab[page + i] = (uint8_t)page;
+        ss->page_slab[page + i] = s;
     pthread_mutex_unlock(&ss_lock);
 
-    slab_t *s = &ss->slabs[page];
     uint32_t block_size = hak_class_size[c];
     s->free = NULL;
     s->used = 0;
-    s->flags = 0;
     s->class_idx = (uint8_t)c;
     s->span = (uint8_t)span;
     s->in_use = 1;
@@ -199,9 +193,10 @@ slab_t *superslab_slab_acquire(heap_t *heap, unsigned c)
     s->recip = (((uint64_t)1 << RECIP_SHIFT) + block_size - 1) / block_size;
     s->capacity = (uint32_t)((size_t)span * SLAB_PAGE_SIZE / block_size);
     s->carved = 0;
+    s->carved_end = s->start;
     s->next = s->prev = NULL;
     atomic_store_explicit(&s->remote, NULL, memory_order_relaxed);
-    atomic_store_explicit(&s->heap, heap, memory_order_release);
+    atomic_store_explicit(&s->owner, (uintptr_t)heap, memory_order_release);
     return s;
 }
 
@@ -211,14 +206,14 @@ slab_t *superslab_slab_acquire(heap_t *heap, unsigned c)
 void superslab_slab_release(slab_t *s)
 {
     superslab_t *ss = superslab_of(s);
-    unsigned page = (unsigned)(s - ss->slabs);
+    unsigned page = slab_head_page(s);
     uint32_t mask = run_mask(page, s->span);
     hak_assert(s->used == 0 && atomic_load(&s->remote) == NULL);
     pthread_mutex_lock(&ss_lock);
-    atomic_store_explicit(&s->heap, NULL, memory_order_relaxed);
+    atomic_store_explicit(&s->owner, 0, memory_order_relaxed);
     s->in_use = 0;
     for (unsigned i = 0; i < s->span; i++)
-        ss->page_slab[page + i] = 0;
+        ss->page_slab[page + i] = &hak_no_slab;
     if (!ss->dirty_pages)
         ss->dirty_since_ms = os_now_ms();
     if (s->carved)
@@ -240,9 +235,9 @@ void superslab_stats(size_t *superslabs, size_t *empty, size_t slabs[2], size_t 
     *superslabs = ss_count;
     *empty = ss_empty_count;
     for (superslab_t *ss = ss_list; ss; ss = ss->next)
-        for (unsigned i = SS_FIRST_DATA_PAGE; i < SS_PAGES; i++) {
+        for (unsigned i = 0; i < SS_MAX_SPAN; i++) {
             slab_t *s = &ss->slabs[i];
-            if (ss->page_slab[i] != i || !s->in_use)
+            if (!s->in_use)
                 continue;
             unsigned tier = class_is_tiny(s->class_idx) ? 0 : 1;
             slabs[tier]++;
