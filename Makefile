@@ -13,7 +13,7 @@ build/%/Makefile:
 	cmake -S . -B build/$* $(CMAKE_ARGS_$*) >/dev/null
 
 CMAKE_ARGS_release = -DCMAKE_BUILD_TYPE=Release
-CMAKE_ARGS_debug = -DCMAKE_BUILD_TYPE=Debug
+CMAKE_ARGS_debug = -DCMAKE_BUILD_TYPE=Debug -DHAKMEM_COUNTERS=ON
 CMAKE_ARGS_ubsan = -DCMAKE_BUILD_TYPE=Debug -DHAKMEM_SANITIZE=undefined
 
 release debug ubsan: %: build/%/Makefile

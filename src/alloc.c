@@ -100,8 +100,6 @@ void hak_free_irregular(slab_t *s, void *p, const char *op)
     *(void **)block = s->free;
     s->free = block;
     s->used--;
-    if (owner & SLAB_FULL)
-        heap_slab_unfull(heap, s);
     if (s->used == 0)
         heap_slab_emptied(heap, s);
 }

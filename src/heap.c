@@ -22,23 +22,31 @@ static char *meta_next, *meta_end;    /* bump arena for heap structs */
 
 /* ---- slab lists ---------------------------------------------------------- */
 
-static void list_push(slab_t **head, slab_t *s)
+/* The owned slabs of a class form a circular list, so that a search can
+ * resume where the last one stopped and a slab can go to the back. */
+static void list_push_back(slab_t **head, slab_t *s)
 {
-    s->prev = NULL;
+    if (!*head) {
+        s->next = s->prev = s;
+        *head = s;
+        return;
+    }
     s->next = *head;
-    if (*head)
-        (*head)->prev = s;
-    *head = s;
+    s->prev = (*head)->prev;
+    s->prev->next = s;
+    (*head)->prev = s;
 }
 
 static void list_remove(slab_t **head, slab_t *s)
 {
-    if (s->prev)
+    if (s->next == s) {
+        *head = NULL;
+    } else {
         s->prev->next = s->next;
-    else
-        *head = s->next;
-    if (s->next)
         s->next->prev = s->prev;
+        if (*head == s)
+            *head = s->next;
+    }
     s->next = s->prev = NULL;
 }
 
@@ -70,11 +78,6 @@ static void slab_set_owner(slab_t *s, heap_t *heap)
 {
     uintptr_t owner = atomic_load_explicit(&s->owner, memory_order_relaxed);
     atomic_store_explicit(&s->owner, (owner & SLAB_FLAGS) | (uintptr_t)heap, memory_order_release);
-}
-
-static bool slab_is_full(slab_t *s)
-{
-    return atomic_load_explicit(&s->owner, memory_order_relaxed) & SLAB_FULL;
 }
 
 static uint32_t list_length(void *list, void **tail)
@@ -157,11 +160,6 @@ static void *slab_take_blocks(heap_t *heap, slab_t *s)
     return list;
 }
 
-static bool slab_has_room(slab_t *s)
-{
-    return s->free || s->carved < s->capacity || atomic_load_explicit(&s->remote, memory_order_relaxed);
-}
-
 /* Put the class's cached blocks back on the current slab's local list, so
  * that its used count is exact again. */
 static void heap_return_cache(heap_t *heap, unsigned c)
@@ -178,28 +176,13 @@ static void heap_return_cache(heap_t *heap, unsigned c)
     s->used -= n;
 }
 
-/* A slab the heap keeps: on avail, or on full. */
-static void heap_file_slab(heap_t *heap, slab_t *s)
-{
-    unsigned c = s->class_idx;
-    if (slab_has_room(s)) {
-        slab_set_flags(s, 0, SLAB_FULL);
-        list_push(&heap->avail[c], s);
-    } else {
-        slab_set_flags(s, SLAB_FULL, 0);
-        list_push(&heap->full[c], s);
-    }
-}
-
 static void heap_unlink_slab(heap_t *heap, slab_t *s)
 {
     unsigned c = s->class_idx;
     if (heap->cur[c] == s)
         heap->cur[c] = NULL;
-    else if (slab_is_full(s))
-        list_remove(&heap->full[c], s);
     else
-        list_remove(&heap->avail[c], s);
+        list_remove(&heap->owned[c], s);
 }
 
 static void heap_release_slab(heap_t *heap, slab_t *s)
@@ -226,19 +209,9 @@ void heap_slab_emptied(heap_t *heap, slab_t *s)
         heap_release_emptied(heap, s);
 }
 
-/* The owner freed a block into a slab on its full list. */
-void heap_slab_unfull(heap_t *heap, slab_t *s)
-{
-    heap_enter_lists(heap);
-    list_remove(&heap->full[s->class_idx], s);
-    slab_set_flags(s, 0, SLAB_FULL);
-    list_push(&heap->avail[s->class_idx], s);
-    heap_leave_lists(heap);
-}
-
 void heap_slab_mark_aligned(slab_t *s) { slab_set_flags(s, SLAB_ALIGNED, 0); }
 
-/* Remote frees into full slabs are announced by a hint bit per class. */
+/* Remote frees are announced by a hint bit per class. */
 static bool heap_take_hint(heap_t *heap, unsigned c)
 {
     _Atomic uint64_t *word = &heap->remote_hint[c / 64];
@@ -249,20 +222,61 @@ static bool heap_take_hint(heap_t *heap, unsigned c)
     return true;
 }
 
-static void heap_revive_full(heap_t *heap, unsigned c)
+static void heap_keep_slab(heap_t *heap, slab_t *s);
+
+/* Detach the class's circular list of owned slabs as a NULL-ended one. */
+static slab_t *heap_detach_owned(heap_t *heap, unsigned c)
 {
-    HAK_COUNT(heap, refill_revive);
-    for (slab_t *s = heap->full[c], *next; s; s = next) {
+    slab_t *list = heap->owned[c];
+    heap->owned[c] = NULL;
+    if (list)
+        list->prev->next = NULL;
+    return list;
+}
+
+/* Blocks other threads freed into the class's slabs come back: the slabs
+ * left empty go back to the pool. */
+static void heap_drain_class(heap_t *heap, unsigned c)
+{
+    HAK_COUNT(heap, refill_drain);
+    for (slab_t *s = heap_detach_owned(heap, c), *next; s; s = next) {
         next = s->next;
-        slab_drain_remote(s);
-        if (s->used == 0) {
-            heap_release_slab(heap, s);
-        } else if (s->free) {
-            list_remove(&heap->full[c], s);
-            slab_set_flags(s, 0, SLAB_FULL);
-            list_push(&heap->avail[c], s);
-        }
+        heap_keep_slab(heap, s);
     }
+}
+
+/* Blocks a slab could hand out now: its local list and what was never carved. */
+static uint32_t slab_room(const slab_t *s)
+{
+    return s->capacity - s->used;
+}
+
+#define SEARCH_SLABS 8 /* owned slabs looked at per refill */
+
+/* Another owned slab for the cache: the first of the next few in turn with
+ * a good batch of blocks (1/64 of its capacity), else the one with most
+ * room among them; the list moves on past the ones looked at, so that
+ * frees spread over many slabs (long-lived data) are found in batches. */
+static slab_t *heap_pick_slab(heap_t *heap, unsigned c)
+{
+    slab_t *first = heap->owned[c], *s = first, *best = NULL;
+    uint32_t best_room = 0;
+    for (unsigned i = 0; s && i < SEARCH_SLABS; i++) {
+        uint32_t room = slab_room(s);
+        if (room * 64 >= s->capacity) {
+            best = s;
+            break;
+        }
+        if (room > best_room)
+            best = s, best_room = room;
+        s = s->next;
+        if (s == first)
+            break;
+    }
+    heap->owned[c] = s; /* the next search starts after the slabs seen */
+    if (best)
+        list_remove(&heap->owned[c], best);
+    return best;
 }
 
 static bool heap_absorb_orphan(heap_t *heap);
@@ -278,16 +292,14 @@ static bool heap_refill(heap_t *heap, unsigned c)
                 heap->cache[c] = list;
                 return true;
             }
-            slab_set_flags(s, SLAB_FULL, 0);
-            list_push(&heap->full[c], s);
+            list_push_back(&heap->owned[c], s); /* exhausted: looked at last */
             heap->cur[c] = NULL;
         }
         if (heap_take_hint(heap, c))
-            heap_revive_full(heap, c);
-        s = heap->avail[c];
+            heap_drain_class(heap, c);
+        s = heap_pick_slab(heap, c);
         if (s) {
-            HAK_COUNT(heap, refill_avail);
-            list_remove(&heap->avail[c], s);
+            HAK_COUNT(heap, refill_switch);
         } else if (atomic_load_explicit(&orphan_count, memory_order_relaxed) &&
                    heap_absorb_orphan(heap)) {
             HAK_COUNT(heap, refill_orphan);
@@ -322,30 +334,33 @@ void *heap_alloc_slow(heap_t *heap, unsigned c)
 
 /* ---- collection -------------------------------------------------------------- */
 
-/* A slab leaving the heap's hands, or refiled: drained, released if empty. */
-static void heap_tidy_slab(heap_t *heap, slab_t *s)
+/* A slab the heap keeps (or takes over): drained, released if empty. */
+static void heap_keep_slab(heap_t *heap, slab_t *s)
 {
     slab_drain_remote(s);
     if (s->used == 0)
         superslab_slab_release(s);
     else
-        heap_file_slab(heap, s);
+        list_push_back(&heap->owned[s->class_idx], s);
 }
 
-/* Hand class c's cached blocks back to their slab, drain every slab of the
- * class, give empty ones back to the SuperSlab pool and refile the rest. */
-static void heap_tidy_class(heap_t *heap, unsigned c)
+/* Take every slab of class c out of `from` (the heap itself, or an orphan)
+ * and keep it in heap, after handing the class's cached blocks back. */
+static void heap_take_class(heap_t *heap, heap_t *from, unsigned c)
 {
-    heap_return_cache(heap, c);
-    slab_t *lists[3] = {heap->cur[c], heap->avail[c], heap->full[c]};
-    if (lists[0])
-        lists[0]->next = NULL;
-    heap->cur[c] = heap->avail[c] = heap->full[c] = NULL;
-    for (int l = 0; l < 3; l++)
-        for (slab_t *it = lists[l], *next; it; it = next) {
-            next = it->next;
-            heap_tidy_slab(heap, it);
-        }
+    heap_return_cache(from, c);
+    slab_t *list = heap_detach_owned(from, c), *cur = from->cur[c];
+    from->cur[c] = NULL;
+    if (cur) {
+        cur->next = list;
+        list = cur;
+    }
+    for (slab_t *s = list, *next; s; s = next) {
+        next = s->next;
+        if (from != heap)
+            slab_set_owner(s, heap);
+        heap_keep_slab(heap, s);
+    }
 }
 
 void heap_flush_class(heap_t *heap, unsigned c)
@@ -353,7 +368,7 @@ void heap_flush_class(heap_t *heap, unsigned c)
     if (heap == &hak_empty_heap)
         return;
     heap_enter_lists(heap);
-    heap_tidy_class(heap, c);
+    heap_take_class(heap, heap, c);
     heap_leave_lists(heap);
 }
 
@@ -363,7 +378,7 @@ void heap_collect(heap_t *heap)
         return;
     heap_enter_lists(heap);
     for (unsigned c = 0; c < CLASS_COUNT; c++)
-        heap_tidy_class(heap, c);
+        heap_take_class(heap, heap, c);
     heap_leave_lists(heap);
 }
 
@@ -454,19 +469,8 @@ static bool heap_absorb_orphan(heap_t *heap)
     pthread_mutex_unlock(&heaps_lock);
     if (!o)
         return false;
-    for (unsigned c = 0; c < CLASS_COUNT; c++) {
-        heap_return_cache(o, c); /* a heap orphaned by fork may hold a cache */
-        slab_t *lists[3] = {o->cur[c], o->avail[c], o->full[c]};
-        if (lists[0])
-            lists[0]->next = NULL;
-        o->cur[c] = o->avail[c] = o->full[c] = NULL;
-        for (int l = 0; l < 3; l++)
-            for (slab_t *s = lists[l], *next; s; s = next) {
-                next = s->next;
-                slab_set_owner(s, heap);
-                heap_tidy_slab(heap, s);
-            }
-    }
+    for (unsigned c = 0; c < CLASS_COUNT; c++)
+        heap_take_class(heap, o, c); /* a heap orphaned by fork may hold a cache */
     pthread_mutex_lock(&heaps_lock);
     atomic_store_explicit(&o->in_slow, 0, memory_order_relaxed);
     o->state = HEAP_FREE;

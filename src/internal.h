@@ -91,9 +91,8 @@ struct heap;
 /* Flags live in the low bits of a slab's owner word, so that the free fast
  * path tests "owned by the caller and nothing special" with one compare. */
 enum slab_flag {
-    SLAB_FULL = 1,    /* on the heap's full list: a local free must move it back */
-    SLAB_ALIGNED = 2, /* holds over-allocated aligned blocks: interior frees allowed */
-    SLAB_FLAGS = 3,
+    SLAB_ALIGNED = 1, /* holds over-allocated aligned blocks: interior frees allowed */
+    SLAB_FLAGS = 1,
 };
 
 /* One slab: a run of 64 KiB pages holding blocks of one size class. Local
@@ -200,12 +199,12 @@ enum heap_state { HEAP_LIVE, HEAP_ORPHAN, HEAP_FREE, HEAP_DEAD };
     X(refill_local, "refill: took the current slab's local free list")                        \
     X(refill_carve, "refill: carved never-used blocks")                                       \
     X(refill_remote, "refill: took the current slab's remote frees")                          \
-    X(refill_revive, "refill: revived full slabs that had remote frees")                      \
-    X(refill_avail, "refill: switched to another owned slab with room")                       \
+    X(refill_drain, "refill: drained the remote frees of the class's other slabs")          \
+    X(refill_switch, "refill: switched to another owned slab with room")                      \
     X(refill_orphan, "refill: absorbed an exited thread's heap")                              \
     X(refill_new_slab, "refill: took a new slab from the SuperSlab pool")                     \
     X(free_local, "free: same thread, fast path")                                             \
-    X(free_local_slow, "free: same thread, flagged slab (full list or aligned blocks)")       \
+    X(free_local_slow, "free: same thread, slow path (last block, aligned blocks)")           \
     X(free_remote, "free: another thread's slab, pushed onto its remote list")                \
     X(free_large, "free: large block")
 #define HAK_COUNTER_ENUM(name, what) HAK_CNT_##name,
@@ -222,8 +221,7 @@ enum { HAK_COUNTER_LIST(HAK_COUNTER_ENUM) HAK_COUNTER_COUNT };
 typedef struct heap {
     void *cache[CLASS_COUNT];   /* free blocks of cur[c], ready to hand out */
     slab_t *cur[CLASS_COUNT];   /* the slab the cache is filled from, or NULL */
-    slab_t *avail[CLASS_COUNT]; /* other owned slabs with room */
-    slab_t *full[CLASS_COUNT];  /* owned slabs with no room; remote frees revive them */
+    slab_t *owned[CLASS_COUNT]; /* the class's other slabs: a circular list, searched in turn */
     _Atomic uint64_t remote_hint[(CLASS_COUNT + 63) / 64]; /* class got a remote free */
     _Atomic int in_slow;       /* inside a list update (fork safety) */
     int state;                 /* enum heap_state, under heaps_lock */
@@ -243,7 +241,6 @@ static inline heap_t *heap_get(void) { return hak_tl_heap; }
 void *heap_alloc_slow(heap_t *heap, unsigned c);
 heap_t *heap_thread_init(void);
 void heap_slab_emptied(heap_t *heap, slab_t *s);
-void heap_slab_unfull(heap_t *heap, slab_t *s);
 void heap_slab_mark_aligned(slab_t *s);
 void heap_collect(heap_t *heap);
 void heap_flush_class(heap_t *heap, unsigned c);
