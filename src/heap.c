@@ -19,6 +19,7 @@ static char *meta_next, *meta_end;    /* bump arena for heap structs */
 
 #define META_CHUNK ((size_t)256 << 10)
 #define CARVE_BYTES 4096 /* carve a page's worth of blocks at a time: touch memory only as used */
+#define CARVE_MIN_TINY 16 /* but at least this many tiny blocks, so that refills stay rare */
 
 /* ---- slab lists ---------------------------------------------------------- */
 
@@ -113,7 +114,9 @@ static void *slab_carve(slab_t *s, void **tail)
     if (!left)
         return NULL;
     uint32_t n = CARVE_BYTES / s->block_size;
-    n = n == 0 ? 1 : n > left ? left : n;
+    if (n < CARVE_MIN_TINY)
+        n = s->block_size <= TINY_MAX ? CARVE_MIN_TINY : n == 0 ? 1 : n;
+    n = n > left ? left : n;
     char *first = s->start + (size_t)s->carved * s->block_size;
     char *b = first;
     for (uint32_t i = 1; i < n; i++, b += s->block_size)
@@ -185,10 +188,32 @@ static void heap_unlink_slab(heap_t *heap, slab_t *s)
         list_remove(&heap->owned[c], s);
 }
 
+/* An empty slab leaves its class: kept as a spare if there is room. */
 static void heap_release_slab(heap_t *heap, slab_t *s)
 {
     heap_unlink_slab(heap, s);
-    superslab_slab_release(s);
+    if (s->span == 1 && heap->spare_count < HEAP_SPARE_SLABS)
+        heap->spare[heap->spare_count++] = s;
+    else
+        superslab_slab_release(s);
+}
+
+static void heap_release_spares(heap_t *heap)
+{
+    while (heap->spare_count)
+        superslab_slab_release(heap->spare[--heap->spare_count]);
+}
+
+/* A new slab for class c: a spare if the class fits one page, else from
+ * the SuperSlab pool. */
+static slab_t *heap_new_slab(heap_t *heap, unsigned c)
+{
+    if (hak_class_span[c] == 1 && heap->spare_count) {
+        slab_t *s = heap->spare[--heap->spare_count];
+        slab_format(s, heap, c);
+        return s;
+    }
+    return superslab_slab_acquire(heap, c);
 }
 
 /* ---- fast-path support ----------------------------------------------------- */
@@ -306,7 +331,7 @@ static bool heap_refill(heap_t *heap, unsigned c)
             continue;
         } else {
             HAK_COUNT(heap, refill_new_slab);
-            s = superslab_slab_acquire(heap, c);
+            s = heap_new_slab(heap, c);
             if (!s)
                 return false;
         }
@@ -379,6 +404,7 @@ void heap_collect(heap_t *heap)
     heap_enter_lists(heap);
     for (unsigned c = 0; c < CLASS_COUNT; c++)
         heap_take_class(heap, heap, c);
+    heap_release_spares(heap);
     heap_leave_lists(heap);
 }
 
@@ -471,6 +497,7 @@ static bool heap_absorb_orphan(heap_t *heap)
         return false;
     for (unsigned c = 0; c < CLASS_COUNT; c++)
         heap_take_class(heap, o, c); /* a heap orphaned by fork may hold a cache */
+    heap_release_spares(o);
     pthread_mutex_lock(&heaps_lock);
     atomic_store_explicit(&o->in_slow, 0, memory_order_relaxed);
     o->state = HEAP_FREE;

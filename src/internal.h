@@ -215,6 +215,11 @@ enum { HAK_COUNTER_LIST(HAK_COUNTER_ENUM) HAK_COUNTER_COUNT };
 #define HAK_COUNT(heap, name) ((void)(heap))
 #endif
 
+/* Empty one-page slabs a heap keeps for its next refill of any class
+ * instead of going through the SuperSlab lock (a batch that fills and
+ * empties a few slabs would otherwise take and give them back each time). */
+#define HEAP_SPARE_SLABS 4
+
 /* Per-thread state. The allocation fast path pops cache[c]: a list of free
  * blocks of cur[c], the slab it is filled from. Heaps are never unmapped
  * (a remote free may still read one). */
@@ -222,6 +227,8 @@ typedef struct heap {
     void *cache[CLASS_COUNT];   /* free blocks of cur[c], ready to hand out */
     slab_t *cur[CLASS_COUNT];   /* the slab the cache is filled from, or NULL */
     slab_t *owned[CLASS_COUNT]; /* the class's other slabs: a circular list, searched in turn */
+    slab_t *spare[HEAP_SPARE_SLABS]; /* empty one-page slabs, ready for any class */
+    unsigned spare_count;
     _Atomic uint64_t remote_hint[(CLASS_COUNT + 63) / 64]; /* class got a remote free */
     _Atomic int in_slow;       /* inside a list update (fork safety) */
     int state;                 /* enum heap_state, under heaps_lock */
@@ -255,6 +262,7 @@ void heaps_totals(size_t *live, size_t *orphaned, uint64_t *slab_refills, uint64
 
 slab_t *superslab_slab_acquire(heap_t *heap, unsigned c);
 void superslab_slab_release(slab_t *s);
+void slab_format(slab_t *s, heap_t *heap, unsigned c);
 void superslab_purge(bool force);
 void superslab_fork_prepare(void);
 void superslab_fork_parent(void);

@@ -125,14 +125,14 @@ void superslab_purge(bool force)
     pthread_mutex_unlock(&ss_lock);
 }
 
-/* First data page of a run of span free pages, or 0. */
+/* First data page of a run of span free pages, or 0: bit i of `starts`
+ * stays set while pages i..i+k are all free. */
 static unsigned find_free_run(uint32_t free_pages, unsigned span)
 {
-    uint32_t run = (uint32_t)(((uint64_t)1 << span) - 1);
-    for (unsigned i = SS_FIRST_DATA_PAGE; i + span <= SS_PAGES; i++)
-        if (((free_pages >> i) & run) == run)
-            return i;
-    return 0;
+    uint64_t starts = free_pages & DATA_PAGES_MASK;
+    for (unsigned k = 1; k < span && starts; k++)
+        starts &= (uint64_t)free_pages >> k;
+    return starts ? (unsigned)__builtin_ctzll(starts) : 0;
 }
 
 static uint32_t run_mask(unsigned first, unsigned span)
@@ -182,22 +182,28 @@ slab_t *superslab_slab_acquire(heap_t *heap, unsigned c)
         ss->page_slab[page + i] = s;
     pthread_mutex_unlock(&ss_lock);
 
+    s->span = (uint8_t)span;
+    s->start = (char *)ss + (size_t)page * SLAB_PAGE_SIZE;
+    slab_format(s, heap, c);
+    return s;
+}
+
+/* (Re)format the pages of s, a slab of the calling thread, for class c. */
+void slab_format(slab_t *s, heap_t *heap, unsigned c)
+{
     uint32_t block_size = hak_class_size[c];
     s->free = NULL;
     s->used = 0;
     s->class_idx = (uint8_t)c;
-    s->span = (uint8_t)span;
     s->in_use = 1;
-    s->start = (char *)ss + (size_t)page * SLAB_PAGE_SIZE;
     s->block_size = block_size;
     s->recip = (((uint64_t)1 << RECIP_SHIFT) + block_size - 1) / block_size;
-    s->capacity = (uint32_t)((size_t)span * SLAB_PAGE_SIZE / block_size);
+    s->capacity = (uint32_t)((size_t)s->span * SLAB_PAGE_SIZE / block_size);
     s->carved = 0;
     s->carved_end = s->start;
     s->next = s->prev = NULL;
     atomic_store_explicit(&s->remote, NULL, memory_order_relaxed);
     atomic_store_explicit(&s->owner, (uintptr_t)heap, memory_order_release);
-    return s;
 }
 
 /* Give an empty slab's pages back to its SuperSlab. The pages stay
