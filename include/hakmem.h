@@ -56,7 +56,10 @@ typedef struct hak_stats {
     size_t mid_slabs;          /* slabs of larger blocks */
     size_t tiny_bytes;         /* bytes in tiny blocks handed out */
     size_t mid_bytes;          /* bytes in mid blocks handed out */
-    uint64_t large_allocs;     /* large blocks (own mapping) ever allocated */
+    uint64_t large_allocs;     /* large blocks (own mapping) ever mapped */
+    uint64_t bigcache_hits;    /* large allocations served from BigCache */
+    uint64_t bigcache_misses;  /* large allocations BigCache could not serve */
+    size_t bigcache_bytes;     /* mapped bytes of freed large blocks BigCache holds */
     uint64_t slab_refills;     /* times a thread took another slab */
     size_t heaps_live;         /* threads with a heap */
     size_t heaps_orphaned;     /* heaps of exited threads awaiting reuse */

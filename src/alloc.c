@@ -15,14 +15,14 @@ static void *fail_enomem(void)
     return NULL;
 }
 
-void *hak_alloc_slow_size(size_t size)
+void *hak_alloc_slow_size(size_t size, uintptr_t site)
 {
     hak_ensure_init(); /* the threshold is an option */
     if (size <= hak_config.large_threshold)
         return hak_alloc_class(mid_class_of(size));
     if (unlikely(size > PTRDIFF_MAX))
         return fail_enomem();
-    return large_alloc(size, 0);
+    return large_alloc(size, 0, site);
 }
 
 /* ---- free ---------------------------------------------------------------- */
@@ -120,10 +120,10 @@ size_t hak_usable_size_checked(const void *p, const char *op)
     return 0;
 }
 
-void *hak_realloc_impl(void *p, size_t size)
+void *hak_realloc_impl(void *p, size_t size, uintptr_t site)
 {
     if (!p)
-        return hak_alloc(size);
+        return hak_alloc(size, site);
     if (size == 0) { /* glibc: free and return NULL */
         hak_free(p, "realloc");
         return NULL;
@@ -141,7 +141,7 @@ void *hak_realloc_impl(void *p, size_t size)
     /* Stay in place unless the block would be more than half empty. */
     if (size <= usable && size > usable / 2)
         return p;
-    void *q = hak_alloc(size);
+    void *q = hak_alloc(size, site);
     if (!q)
         return NULL;
     memcpy(q, p, size < usable ? size : usable);
@@ -155,11 +155,11 @@ void *hak_realloc_impl(void *p, size_t size)
  * align are naturally aligned (slabs start on 64 KiB); otherwise the block
  * is over-allocated and its slab marked so that free finds the block
  * start. Alignments above a slab page go to the large tier. */
-void *hak_alloc_aligned(size_t align, size_t size)
+void *hak_alloc_aligned(size_t align, size_t size, uintptr_t site)
 {
     hak_ensure_init(); /* the class tables below must be filled */
     if (align <= 8 || (align <= 16 && size > 8))
-        return hak_alloc(size);
+        return hak_alloc(size, site);
     if (unlikely(size > PTRDIFF_MAX - align))
         return fail_enomem();
     size_t natural = size < align ? align : size;
@@ -169,7 +169,7 @@ void *hak_alloc_aligned(size_t align, size_t size)
             return hak_alloc_class(c);
         size_t padded = size + align - 16; /* blocks above 8 B are 16-aligned */
         if (padded <= hak_config.large_threshold) {
-            char *b = hak_alloc(padded);
+            char *b = hak_alloc(padded, site);
             if (!b)
                 return NULL;
             char *aligned = (char *)(((uintptr_t)b + align - 1) & ~(uintptr_t)(align - 1));
@@ -178,5 +178,5 @@ void *hak_alloc_aligned(size_t align, size_t size)
             return aligned;
         }
     }
-    return large_alloc(size, align);
+    return large_alloc(size, align, site);
 }

@@ -17,11 +17,15 @@ static inline void *hak_alloc_class(unsigned c)
     return heap_alloc_slow(heap, c);
 }
 
-static inline void *hak_alloc(size_t size)
+/* The caller of the exported entry point: the call site, which the large
+ * tier keys BigCache on. */
+#define HAK_CALLER ((uintptr_t)__builtin_return_address(0))
+
+static inline void *hak_alloc(size_t size, uintptr_t site)
 {
     if (likely(size <= TINY_MAX))
         return hak_alloc_class(hak_tiny_class_of[(size + 7) >> 3]);
-    return hak_alloc_slow_size(size);
+    return hak_alloc_slow_size(size, site);
 }
 
 /* Free: mask to the SuperSlab, look up the slab, and if the caller owns it

@@ -3,6 +3,7 @@
  * runs after it (thread-exit key, fork handlers) may call malloc freely. */
 #include "internal.h"
 
+#include <pthread.h>
 #include <sched.h>
 
 _Atomic int hak_init_state;
@@ -13,8 +14,10 @@ void hak_init_slow(void)
     if (atomic_compare_exchange_strong(&hak_init_state, &expected, 1)) {
         sizeclass_init();
         options_init();
+        bigcache_init();
         atomic_store_explicit(&hak_init_state, 2, memory_order_release);
         heaps_process_init();
+        pthread_atfork(bigcache_fork_prepare, bigcache_fork_parent, bigcache_fork_child);
         stats_init();
         return;
     }

@@ -271,34 +271,50 @@ void superslab_stats(size_t *superslabs, size_t *empty, size_t slabs[2], size_t 
 
 /* ---- Large blocks ------------------------------------------------------ */
 
-#define LARGE_MAGIC 0x4841424cu /* "HABL" */
+#define LARGE_MAGIC 0x4841424cu        /* "HABL" */
+#define LARGE_MAGIC_CACHED 0x48414243u /* "HABC": freed, held by BigCache */
 
 typedef struct large_hdr {
     uint32_t magic;
-    uint32_t pad_;
-    char *map_base;  /* the whole mapping */
+    uint32_t purged;       /* cached and its pages given back */
+    char *map_base;        /* the whole mapping */
     size_t map_size;
-    char *user;      /* the pointer handed out */
-    size_t usable;   /* bytes usable from user */
+    char *user;            /* the pointer handed out */
+    size_t usable;         /* bytes usable from user */
+    uintptr_t site;        /* call site that allocated it (BigCache key) */
+    uint64_t cached_at_ms; /* when BigCache took it */
 } large_hdr_t;
 
 #define LARGE_HEADER_SIZE 64
 
 extern _Atomic uint64_t hak_large_allocs;
 
-void *large_alloc(size_t size, size_t align);
+void *large_alloc(size_t size, size_t align, uintptr_t site);
+void large_unmap(large_hdr_t *h);
 void large_free(void *p, const char *op);
 size_t large_usable_size(const void *p, const char *op);
 void *large_realloc(void *p, size_t size);
 large_hdr_t *large_header_of(const void *p);
 
+/* ---- BigCache (bigcache.c) --------------------------------------------- */
+
+extern _Atomic uint64_t hak_bigcache_hits, hak_bigcache_misses;
+void bigcache_init(void);
+large_hdr_t *bigcache_take(uintptr_t site, size_t size);
+bool bigcache_put(large_hdr_t *h);
+void bigcache_collect(bool unmap);
+size_t bigcache_bytes(void);
+void bigcache_fork_prepare(void);
+void bigcache_fork_parent(void);
+void bigcache_fork_child(void);
+
 /* ---- Allocation entry points (alloc.c) --------------------------------- */
 
-void *hak_alloc_slow_size(size_t size);
+void *hak_alloc_slow_size(size_t size, uintptr_t site);
 void hak_free_slow(void *p, const char *op);
-void *hak_alloc_aligned(size_t align, size_t size);
+void *hak_alloc_aligned(size_t align, size_t size, uintptr_t site);
 size_t hak_usable_size_checked(const void *p, const char *op);
-void *hak_realloc_impl(void *p, size_t size);
+void *hak_realloc_impl(void *p, size_t size, uintptr_t site);
 void hak_remote_free(slab_t *s, void *p);
 void hak_free_irregular(slab_t *s, void *p, const char *op);
 
@@ -311,6 +327,9 @@ typedef struct hak_config {
     long superslab_reserve;
     size_t large_threshold;
     long purge_delay_ms;
+    long bigcache_sites;      /* 0: no BigCache */
+    long bigcache_slots;
+    size_t bigcache_max_block;
     bool stats;
     bool verbose;
 } hak_config_t;

@@ -19,9 +19,16 @@ static size_t page_round(size_t n)
 /* align is 0 or a power of two. Alignments below 2 MiB place the block at
  * an aligned offset inside the header chunk; larger ones map an extra
  * chunk for the header right before the aligned block. */
-void *large_alloc(size_t size, size_t align)
+void *large_alloc(size_t size, size_t align, uintptr_t site)
 {
     hak_ensure_init();
+    if (align <= LARGE_HEADER_SIZE) {
+        large_hdr_t *h = bigcache_take(site, size);
+        if (h) {
+            h->magic = LARGE_MAGIC;
+            return h->user;
+        }
+    }
     size_t offset = align > LARGE_HEADER_SIZE ? align : LARGE_HEADER_SIZE;
     bool header_chunk_apart = offset >= SS_SIZE;
     if (header_chunk_apart)
@@ -43,6 +50,7 @@ void *large_alloc(size_t size, size_t align)
     h->map_size = map_size;
     h->user = base + offset;
     h->usable = map_size - offset;
+    h->site = site;
     segmap_set(base, map_size, SEG_LARGE_HEAD);
     atomic_fetch_add_explicit(&hak_large_allocs, 1, memory_order_relaxed);
     return h->user;
@@ -60,7 +68,7 @@ large_hdr_t *large_header_of(const void *p)
     if (kind != SEG_LARGE_HEAD)
         return NULL;
     large_hdr_t *h = (large_hdr_t *)chunk;
-    return h->magic == LARGE_MAGIC ? h : NULL;
+    return h->magic == LARGE_MAGIC || h->magic == LARGE_MAGIC_CACHED ? h : NULL;
 }
 
 static large_hdr_t *large_header_checked(const void *p, const char *op)
@@ -70,6 +78,11 @@ static large_hdr_t *large_header_checked(const void *p, const char *op)
         hak_report_bad_pointer(op, p, "pointer into hakmem memory that holds no block");
         return NULL;
     }
+    if (h->magic == LARGE_MAGIC_CACHED) {
+        hak_report_bad_pointer(op, p, h->user == (const char *)p ? "double free (large block already freed)"
+                                                               : "pointer into a freed large block");
+        return NULL;
+    }
     if (h->user != (const char *)p) {
         hak_report_bad_pointer(op, p, "interior pointer: not the start of a block");
         return NULL;
@@ -77,16 +90,27 @@ static large_hdr_t *large_header_checked(const void *p, const char *op)
     return h;
 }
 
-void large_free(void *p, const char *op)
+void large_unmap(large_hdr_t *h)
 {
-    large_hdr_t *h = large_header_checked(p, op);
-    if (!h)
-        return;
     char *base = h->map_base;
     size_t size = h->map_size;
     h->magic = 0;
     segmap_clear(base, size);
     os_unmap(base, size);
+}
+
+/* Freed blocks with the plain layout go to BigCache when it takes them. */
+void large_free(void *p, const char *op)
+{
+    large_hdr_t *h = large_header_checked(p, op);
+    if (!h)
+        return;
+    if (h->user == h->map_base + LARGE_HEADER_SIZE) {
+        h->magic = LARGE_MAGIC_CACHED;
+        if (bigcache_put(h))
+            return;
+    }
+    large_unmap(h);
 }
 
 size_t large_usable_size(const void *p, const char *op)

@@ -15,6 +15,9 @@ hak_config_t hak_config = {
     .superslab_reserve = 1,
     .large_threshold = (size_t)1 << 20,
     .purge_delay_ms = 1000,
+    .bigcache_sites = 64,
+    .bigcache_slots = 4,
+    .bigcache_max_block = (size_t)64 << 20,
 };
 
 enum option_type { OPT_BOOL, OPT_INT, OPT_SIZE, OPT_CHOICE };
@@ -40,8 +43,17 @@ static option_t options[] = {
      "Blocks above this size get their own mapping; a power of two from 64K to 1M.",
      &hak_config.large_threshold, 64 << 10, 1 << 20, {0}},
     {"HAKMEM_PURGE_DELAY_MS", OPT_INT, "1000",
-     "Free slab pages are returned to the OS (MADV_DONTNEED) once they have been free this long; 0 purges at once.",
+     "Free slab pages and the pages of large blocks held by BigCache are returned to the OS (MADV_DONTNEED) once they have been free this long; 0 purges at once.",
      &hak_config.purge_delay_ms, 0, 3600000, {0}},
+    {"HAKMEM_BIGCACHE_SITES", OPT_INT, "64",
+     "Call sites BigCache keeps freed large blocks for (hashed into this many entries); 0 turns BigCache off.",
+     &hak_config.bigcache_sites, 0, 256, {0}},
+    {"HAKMEM_BIGCACHE_SLOTS", OPT_INT, "4",
+     "Freed large blocks BigCache keeps per call site; the oldest is unmapped when one more comes.",
+     &hak_config.bigcache_slots, 1, 16, {0}},
+    {"HAKMEM_BIGCACHE_MAX_BLOCK", OPT_SIZE, "64M",
+     "Largest mapping BigCache keeps; bigger blocks are unmapped when freed.",
+     &hak_config.bigcache_max_block, 1 << 20, (long)1 << 40, {0}},
     {"HAKMEM_STATS", OPT_BOOL, "0",
      "Print the statistics report on stderr at exit.",
      &hak_config.stats, 0, 1, {0}},

@@ -8,7 +8,7 @@
 #include <malloc.h>
 #include <string.h>
 
-HAK_EXPORT void *malloc(size_t size) { return hak_alloc(size); }
+HAK_EXPORT void *malloc(size_t size) { return hak_alloc(size, HAK_CALLER); }
 
 HAK_EXPORT void free(void *p) { hak_free(p, "free"); }
 
@@ -19,13 +19,13 @@ HAK_EXPORT void *calloc(size_t n, size_t size)
         errno = ENOMEM;
         return NULL;
     }
-    void *p = hak_alloc(total);
+    void *p = hak_alloc(total, HAK_CALLER);
     if (likely(p) && segmap_kind(p) == SEG_SUPERSLAB) /* large blocks are fresh, zeroed mappings */
         memset(p, 0, total);
     return p;
 }
 
-HAK_EXPORT void *realloc(void *p, size_t size) { return hak_realloc_impl(p, size); }
+HAK_EXPORT void *realloc(void *p, size_t size) { return hak_realloc_impl(p, size, HAK_CALLER); }
 
 HAK_EXPORT void *reallocarray(void *p, size_t n, size_t size)
 {
@@ -34,7 +34,7 @@ HAK_EXPORT void *reallocarray(void *p, size_t n, size_t size)
         errno = ENOMEM;
         return NULL;
     }
-    return hak_realloc_impl(p, total);
+    return hak_realloc_impl(p, total, HAK_CALLER);
 }
 
 static bool is_power_of_two(size_t x) { return x && !(x & (x - 1)); }
@@ -44,7 +44,7 @@ HAK_EXPORT int posix_memalign(void **out, size_t align, size_t size)
     if (!is_power_of_two(align) || align % sizeof(void *) != 0)
         return EINVAL;
     int saved = errno;
-    void *p = hak_alloc_aligned(align, size);
+    void *p = hak_alloc_aligned(align, size, HAK_CALLER);
     errno = saved; /* posix_memalign reports through its result only */
     if (!p)
         return ENOMEM;
@@ -58,7 +58,7 @@ HAK_EXPORT void *aligned_alloc(size_t align, size_t size)
         errno = EINVAL;
         return NULL;
     }
-    return hak_alloc_aligned(align, size);
+    return hak_alloc_aligned(align, size, HAK_CALLER);
 }
 
 HAK_EXPORT void *memalign(size_t align, size_t size)
@@ -67,10 +67,10 @@ HAK_EXPORT void *memalign(size_t align, size_t size)
         errno = EINVAL;
         return NULL;
     }
-    return hak_alloc_aligned(align, size);
+    return hak_alloc_aligned(align, size, HAK_CALLER);
 }
 
-HAK_EXPORT void *valloc(size_t size) { return hak_alloc_aligned(os_page_size(), size); }
+HAK_EXPORT void *valloc(size_t size) { return hak_alloc_aligned(os_page_size(), size, HAK_CALLER); }
 
 HAK_EXPORT void *pvalloc(size_t size)
 {
@@ -80,7 +80,7 @@ HAK_EXPORT void *pvalloc(size_t size)
         errno = ENOMEM;
         return NULL;
     }
-    return hak_alloc_aligned(page, rounded ? rounded : page);
+    return hak_alloc_aligned(page, rounded ? rounded : page, HAK_CALLER);
 }
 
 HAK_EXPORT size_t malloc_usable_size(void *p)
@@ -122,7 +122,7 @@ HAK_EXPORT bool hak_owns(const void *p)
     }
     if (kind == SEG_LARGE_HEAD || kind == SEG_LARGE_INTERIOR) {
         large_hdr_t *h = large_header_of(p);
-        return h && (const char *)p >= h->user && (const char *)p < h->user + h->usable;
+        return h && h->magic == LARGE_MAGIC && (const char *)p >= h->user && (const char *)p < h->user + h->usable;
     }
     return false;
 }
@@ -133,6 +133,7 @@ HAK_EXPORT void hak_collect(bool force)
     heap_collect(heap_get());
     heaps_collect_orphans();
     superslab_purge(force);
+    bigcache_collect(force);
 }
 
 HAK_EXPORT int hak_tiny_class_count(void) { return TINY_CLASSES; }
@@ -153,11 +154,11 @@ HAK_EXPORT void hak_tiny_magazine_flush_all(void) { heap_collect(heap_get()); }
 
 /* ---- entry points for override_new.cc (hidden) --------------------------------- */
 
-void *hak_cxx_alloc(size_t size) { return hak_alloc(size); }
+void *hak_cxx_alloc(size_t size, uintptr_t site) { return hak_alloc(size, site); }
 
-void *hak_cxx_alloc_aligned(size_t align, size_t size)
+void *hak_cxx_alloc_aligned(size_t align, size_t size, uintptr_t site)
 {
-    return is_power_of_two(align) ? hak_alloc_aligned(align, size) : NULL;
+    return is_power_of_two(align) ? hak_alloc_aligned(align, size, site) : NULL;
 }
 
 void hak_cxx_free(void *p) { hak_free(p, "operator delete"); }

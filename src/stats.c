@@ -22,6 +22,9 @@ HAK_EXPORT void hak_stats_get(hak_stats_t *out)
     uint64_t counters[HAK_COUNTER_COUNT] = {0};
     heaps_totals(&out->heaps_live, &out->heaps_orphaned, &out->slab_refills, counters);
     out->large_allocs = atomic_load(&hak_large_allocs);
+    out->bigcache_hits = atomic_load(&hak_bigcache_hits);
+    out->bigcache_misses = atomic_load(&hak_bigcache_misses);
+    out->bigcache_bytes = bigcache_bytes();
     out->rss_bytes = os_rss_bytes();
     os_page_faults(&out->page_faults_minor, &out->page_faults_major);
 }
@@ -58,7 +61,11 @@ HAK_EXPORT void hak_stats_print(FILE *out)
     fprintf(out, "  superslabs    %10zu (%zu empty, in reserve)\n", s.superslabs, s.superslabs_empty);
     fprintf(out, "  tiny          %10zu slabs, %10.2f MiB in blocks\n", s.tiny_slabs, mib(s.tiny_bytes));
     fprintf(out, "  mid           %10zu slabs, %10.2f MiB in blocks\n", s.mid_slabs, mib(s.mid_bytes));
-    fprintf(out, "  large         %10llu blocks allocated\n", (unsigned long long)s.large_allocs);
+    fprintf(out, "  large         %10llu blocks mapped\n", (unsigned long long)s.large_allocs);
+    uint64_t lookups = s.bigcache_hits + s.bigcache_misses;
+    fprintf(out, "  bigcache      %10llu hits, %llu misses (%.1f%% hit rate), %.2f MiB held\n",
+            (unsigned long long)s.bigcache_hits, (unsigned long long)s.bigcache_misses,
+            lookups ? 100.0 * (double)s.bigcache_hits / (double)lookups : 0.0, mib(s.bigcache_bytes));
     fprintf(out, "  slab refills  %10llu\n", (unsigned long long)s.slab_refills);
     fprintf(out, "  heaps         %10zu live, %zu orphaned\n", s.heaps_live, s.heaps_orphaned);
     fprintf(out, "  page faults   %10llu minor, %llu major\n", (unsigned long long)s.page_faults_minor,

@@ -1,0 +1,171 @@
+/* BigCache: recently freed large blocks kept per call site, so that the
+ * next allocation of a fitting size from the same site reuses the mapping
+ * (and, until the purge delay passes, its resident pages) instead of
+ * paying mmap, munmap and a page fault per page. Sites hash into a table
+ * of HAKMEM_BIGCACHE_SITES entries, each a ring of HAKMEM_BIGCACHE_SLOTS
+ * blocks under its own lock (padded to a cache line); a site that takes
+ * over an entry evicts the previous site's blocks. Cached pages are purged
+ * after HAKMEM_PURGE_DELAY_MS (looked at whenever BigCache is used); the
+ * mapping stays until evicted or collected. */
+#include "internal.h"
+
+#include <pthread.h>
+#include <string.h>
+
+#define BIGCACHE_MAX_SITES 256 /* bounds of the options */
+#define BIGCACHE_MAX_SLOTS 16
+
+typedef struct bigcache_site {
+    _Alignas(64) pthread_mutex_t lock;
+    uintptr_t site;
+    unsigned next;                          /* ring position of the oldest slot */
+    large_hdr_t *slot[BIGCACHE_MAX_SLOTS];
+} bigcache_site_t;
+
+static bigcache_site_t sites[BIGCACHE_MAX_SITES];
+static _Atomic size_t cached_bytes; /* mapped bytes held in the cache */
+static _Atomic uint64_t next_purge_check_ms;
+_Atomic uint64_t hak_bigcache_hits, hak_bigcache_misses;
+
+void bigcache_init(void)
+{
+    for (unsigned i = 0; i < BIGCACHE_MAX_SITES; i++)
+        pthread_mutex_init(&sites[i].lock, NULL);
+}
+
+static unsigned site_count(void) { return (unsigned)hak_config.bigcache_sites; }
+
+static bigcache_site_t *site_entry(uintptr_t site)
+{
+    uint64_t h = (uint64_t)site * 0x9e3779b97f4a7c15ull;
+    return &sites[(h >> 40) % site_count()];
+}
+
+static void unmap_block(large_hdr_t *h)
+{
+    atomic_fetch_sub_explicit(&cached_bytes, h->map_size, memory_order_relaxed);
+    large_unmap(h);
+}
+
+/* A block cached for a while gives its pages back; the mapping stays. */
+static void purge_if_due(large_hdr_t *h, uint64_t now)
+{
+    if (!h->purged && now - h->cached_at_ms >= (uint64_t)hak_config.purge_delay_ms) {
+        os_purge((char *)h + os_page_size(), h->map_size - os_page_size());
+        h->purged = 1;
+    }
+}
+
+/* Purge the blocks cached past the delay; with unmap, give every cached
+ * block back to the OS (hak_collect(true), malloc_trim). */
+void bigcache_collect(bool unmap)
+{
+    uint64_t now = os_now_ms();
+    for (unsigned s = 0; s < site_count(); s++) {
+        bigcache_site_t *e = &sites[s];
+        large_hdr_t *evicted[BIGCACHE_MAX_SLOTS];
+        unsigned n_evicted = 0;
+        pthread_mutex_lock(&e->lock);
+        for (unsigned i = 0; i < BIGCACHE_MAX_SLOTS; i++) {
+            if (!e->slot[i])
+                continue;
+            if (unmap)
+                evicted[n_evicted++] = e->slot[i], e->slot[i] = NULL;
+            else
+                purge_if_due(e->slot[i], now);
+        }
+        pthread_mutex_unlock(&e->lock);
+        for (unsigned i = 0; i < n_evicted; i++)
+            unmap_block(evicted[i]);
+    }
+}
+
+/* Every entry's due blocks are purged, looked at a few times per delay. */
+static void purge_check(uint64_t now)
+{
+    uint64_t due = atomic_load_explicit(&next_purge_check_ms, memory_order_relaxed);
+    uint64_t step = (uint64_t)hak_config.purge_delay_ms / 4 + 1;
+    if (now >= due && atomic_compare_exchange_strong(&next_purge_check_ms, &due, now + step))
+        bigcache_collect(false);
+}
+
+/* A cached block of the site's own entry that fits size without wasting
+ * more than half of it, or NULL. */
+large_hdr_t *bigcache_take(uintptr_t site, size_t size)
+{
+    if (!site_count())
+        return NULL;
+    purge_check(os_now_ms());
+    bigcache_site_t *e = site_entry(site);
+    large_hdr_t *found = NULL;
+    pthread_mutex_lock(&e->lock);
+    if (e->site == site) {
+        unsigned slots = (unsigned)hak_config.bigcache_slots;
+        /* newest first: the block most likely still resident */
+        for (unsigned k = 1; k <= slots && !found; k++) {
+            unsigned i = (e->next + slots - k) % slots;
+            large_hdr_t *h = e->slot[i];
+            if (h && h->usable >= size && h->usable / 2 < size) {
+                found = h;
+                e->slot[i] = NULL;
+            }
+        }
+    }
+    pthread_mutex_unlock(&e->lock);
+    if (!found) {
+        atomic_fetch_add_explicit(&hak_bigcache_misses, 1, memory_order_relaxed);
+        return NULL;
+    }
+    atomic_fetch_add_explicit(&hak_bigcache_hits, 1, memory_order_relaxed);
+    atomic_fetch_sub_explicit(&cached_bytes, found->map_size, memory_order_relaxed);
+    return found;
+}
+
+/* Keep a freed block for its site; false if it is not cacheable (the
+ * caller unmaps it). The oldest block of a full ring is evicted. */
+bool bigcache_put(large_hdr_t *h)
+{
+    if (!site_count() || h->map_size > hak_config.bigcache_max_block)
+        return false;
+    bigcache_site_t *e = site_entry(h->site);
+    large_hdr_t *evicted[BIGCACHE_MAX_SLOTS + 1];
+    unsigned n_evicted = 0, slots = (unsigned)hak_config.bigcache_slots;
+    uint64_t now = os_now_ms();
+    h->cached_at_ms = now;
+    h->purged = 0;
+    atomic_fetch_add_explicit(&cached_bytes, h->map_size, memory_order_relaxed);
+    pthread_mutex_lock(&e->lock);
+    if (e->site != h->site) { /* the entry changes hands */
+        for (unsigned i = 0; i < slots; i++)
+            if (e->slot[i])
+                evicted[n_evicted++] = e->slot[i], e->slot[i] = NULL;
+        e->site = h->site;
+        e->next = 0;
+    }
+    if (e->slot[e->next])
+        evicted[n_evicted++] = e->slot[e->next];
+    e->slot[e->next] = h;
+    e->next = (e->next + 1) % slots;
+    pthread_mutex_unlock(&e->lock);
+    for (unsigned i = 0; i < n_evicted; i++)
+        unmap_block(evicted[i]);
+    purge_check(now);
+    return true;
+}
+
+size_t bigcache_bytes(void) { return atomic_load_explicit(&cached_bytes, memory_order_relaxed); }
+
+/* fork: no lock may be held across it, and the child's cache stays valid. */
+void bigcache_fork_prepare(void)
+{
+    for (unsigned i = 0; i < site_count(); i++)
+        pthread_mutex_lock(&sites[i].lock);
+}
+
+void bigcache_fork_parent(void)
+{
+    for (unsigned i = site_count(); i-- > 0;)
+        pthread_mutex_unlock(&sites[i].lock);
+}
+
+void bigcache_fork_child(void) { bigcache_fork_parent(); }

@@ -1,0 +1,140 @@
+/* The large tier and BigCache (issue 5): a freed large block is reused by
+ * the next fitting allocation from the same call site and only from it,
+ * the ring per site is bounded, cached pages are purged after the delay,
+ * and hak_collect(true) unmaps everything cached. */
+#define _GNU_SOURCE
+#include "check.h"
+#include "hakmem.h"
+
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+static const size_t MiB = 1024 * 1024;
+
+/* Two distinct call sites: noipa keeps the compiler from folding the two
+ * identical functions into one, and the barrier keeps the calls from
+ * becoming tail calls (which would make the test's caller the site). */
+static __attribute__((noipa)) void *alloc_site_a(size_t n)
+{
+    void *p = malloc(n);
+    __asm__ volatile("" : : "g"(p) : "memory");
+    return p;
+}
+
+static __attribute__((noipa)) void *alloc_site_b(size_t n)
+{
+    void *p = malloc(n);
+    __asm__ volatile("" : : "g"(p) : "memory");
+    return p;
+}
+
+static size_t rss_bytes(void)
+{
+    FILE *f = fopen("/proc/self/smaps_rollup", "r");
+    char line[256];
+    size_t kib = 0;
+    while (f && fgets(line, sizeof line, f))
+        if (sscanf(line, "Rss: %zu kB", &kib) == 1)
+            break;
+    if (f)
+        fclose(f);
+    return kib * 1024;
+}
+
+static hak_stats_t stats(void)
+{
+    hak_stats_t s;
+    hak_stats_get(&s);
+    return s;
+}
+
+static void test_reuse_by_site(void)
+{
+    hak_collect(true);
+    hak_stats_t s0 = stats();
+    char *p = alloc_site_a(2 * MiB);
+    CHECK(p && hak_owns(p));
+    memset(p, 1, 2 * MiB);
+    free(p);
+    CHECK(!hak_owns(p)); /* cached, not handed out */
+    CHECK(stats().bigcache_bytes >= 2 * MiB);
+    char *other = alloc_site_b(2 * MiB); /* another site: not a's block */
+    CHECK(other && other != p);
+    char *q = alloc_site_a(2 * MiB);
+    CHECK(q == p);
+    CHECK(hak_owns(q));
+    memset(q, 2, 2 * MiB);
+    hak_stats_t s1 = stats();
+    CHECK(s1.bigcache_hits == s0.bigcache_hits + 1);
+    CHECK(s1.bigcache_misses == s0.bigcache_misses + 2);
+    free(q);
+    free(other);
+}
+
+static void test_fit(void)
+{
+    hak_collect(true);
+    char *big = alloc_site_a(8 * MiB);
+    CHECK(big != NULL);
+    free(big);
+    char *small = alloc_site_a(2 * MiB); /* would waste more than half */
+    CHECK(small && small != big);
+    char *fits = alloc_site_a(6 * MiB);
+    CHECK(fits == big);
+    free(small);
+    free(fits);
+}
+
+static void test_ring_bound_and_collect(void)
+{
+    hak_collect(true);
+    CHECK(stats().bigcache_bytes == 0);
+    enum { N = 7 };
+    char *blocks[N];
+    for (int i = 0; i < N; i++) {
+        blocks[i] = alloc_site_a(3 * MiB);
+        CHECK(blocks[i] != NULL);
+    }
+    for (int i = 0; i < N; i++)
+        free(blocks[i]);
+    size_t held = stats().bigcache_bytes;
+    CHECK(held >= 4 * 3 * MiB && held <= 4 * (3 * MiB + 4096)); /* 4 slots by default */
+    hak_collect(true);
+    CHECK(stats().bigcache_bytes == 0);
+}
+
+/* Pages of a cached block go back to the OS once the purge delay (1 s by
+ * default) has passed and the cache is used again; the mapping stays. */
+static void test_purge_after_delay(void)
+{
+    hak_collect(true);
+    char *p = alloc_site_a(32 * MiB);
+    CHECK(p != NULL);
+    memset(p, 3, 32 * MiB);
+    size_t touched = rss_bytes();
+    free(p);
+    CHECK(rss_bytes() + 16 * MiB > touched); /* still resident: reuse is cheap */
+    sleep(2);
+    char *q = alloc_site_b(2 * MiB);
+    free(q); /* uses the cache: due blocks are purged */
+    size_t after = rss_bytes();
+    printf("rss: touched %.1f MiB, after the delay %.1f MiB\n", touched / (double)MiB, after / (double)MiB);
+    CHECK(after + 24 * MiB < touched);
+    CHECK(stats().bigcache_bytes >= 32 * MiB);
+    char *again = alloc_site_a(32 * MiB); /* a purged block is still reused, zero-filled */
+    CHECK(again == p);
+    CHECK(again && again[12345] == 0);
+    free(again);
+    hak_collect(true);
+}
+
+int main(void)
+{
+    test_reuse_by_site();
+    test_fit();
+    test_ring_bound_and_collect();
+    test_purge_after_delay();
+    return check_summary("test_large");
+}
