@@ -5,6 +5,7 @@
 #define _GNU_SOURCE
 #include "check.h"
 #include "hakmem.h"
+#include "rss.h"
 
 #include <stdint.h>
 #include <stdlib.h>
@@ -28,19 +29,6 @@ static __attribute__((noipa)) void *alloc_site_b(size_t n)
     void *p = malloc(n);
     __asm__ volatile("" : : "g"(p) : "memory");
     return p;
-}
-
-static size_t rss_bytes(void)
-{
-    FILE *f = fopen("/proc/self/smaps_rollup", "r");
-    char line[256];
-    size_t kib = 0;
-    while (f && fgets(line, sizeof line, f))
-        if (sscanf(line, "Rss: %zu kB", &kib) == 1)
-            break;
-    if (f)
-        fclose(f);
-    return kib * 1024;
 }
 
 static hak_stats_t stats(void)

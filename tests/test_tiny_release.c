@@ -6,24 +6,12 @@
 #define _GNU_SOURCE
 #include "check.h"
 #include "hakmem.h"
+#include "rss.h"
 
 #include <errno.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
-
-static size_t rss_bytes(void)
-{
-    FILE *f = fopen("/proc/self/smaps_rollup", "r");
-    char line[256];
-    size_t kib = 0;
-    while (f && fgets(line, sizeof line, f))
-        if (sscanf(line, "Rss: %zu kB", &kib) == 1)
-            break;
-    if (f)
-        fclose(f);
-    return kib * 1024;
-}
 
 static uint64_t rng(uint64_t *s)
 {
