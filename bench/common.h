@@ -12,25 +12,13 @@
 #include <sys/resource.h>
 #include <time.h>
 
+#include "../tests/rss.h" /* rss_bytes(): the Rss: line of smaps_rollup */
+
 static inline double now_ns(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec * 1e9 + (double)ts.tv_nsec;
-}
-
-/* Resident bytes now (Rss: line of smaps_rollup). */
-static inline size_t rss_bytes(void)
-{
-    FILE *f = fopen("/proc/self/smaps_rollup", "r");
-    char line[256];
-    size_t kib = 0;
-    while (f && fgets(line, sizeof line, f))
-        if (sscanf(line, "Rss: %zu kB", &kib) == 1)
-            break;
-    if (f)
-        fclose(f);
-    return kib * 1024;
 }
 
 static inline long soft_faults(void)
