@@ -68,12 +68,6 @@ static void heap_leave_lists(heap_t *heap)
 
 /* ---- slab operations (owner only) ----------------------------------------- */
 
-static void slab_set_flags(slab_t *s, uintptr_t set, uintptr_t clear)
-{
-    uintptr_t owner = atomic_load_explicit(&s->owner, memory_order_relaxed);
-    atomic_store_explicit(&s->owner, (owner | set) & ~clear, memory_order_relaxed);
-}
-
 /* A new owner for s (taking over an orphan's slabs); the flags stay. */
 static void slab_set_owner(slab_t *s, heap_t *heap)
 {
@@ -114,9 +108,12 @@ static void *slab_carve(slab_t *s, void **tail)
     if (!left)
         return NULL;
     uint32_t n = CARVE_BYTES / s->block_size;
-    if (n < CARVE_MIN_TINY)
-        n = s->block_size <= TINY_MAX ? CARVE_MIN_TINY : n == 0 ? 1 : n;
-    n = n > left ? left : n;
+    if (s->block_size <= TINY_MAX && n < CARVE_MIN_TINY)
+        n = CARVE_MIN_TINY;
+    if (n == 0)
+        n = 1; /* a mid block bigger than a page */
+    if (n > left)
+        n = left;
     char *first = s->start + (size_t)s->carved * s->block_size;
     char *b = first;
     for (uint32_t i = 1; i < n; i++, b += s->block_size)
@@ -234,7 +231,12 @@ void heap_slab_emptied(heap_t *heap, slab_t *s)
         heap_release_emptied(heap, s);
 }
 
-void heap_slab_mark_aligned(slab_t *s) { slab_set_flags(s, SLAB_ALIGNED, 0); }
+/* Only the owner changes the flag; other threads just read the word. */
+void heap_slab_mark_aligned(slab_t *s)
+{
+    uintptr_t owner = atomic_load_explicit(&s->owner, memory_order_relaxed);
+    atomic_store_explicit(&s->owner, owner | SLAB_ALIGNED, memory_order_relaxed);
+}
 
 /* Remote frees are announced by a hint bit per class. */
 static bool heap_take_hint(heap_t *heap, unsigned c)
@@ -276,7 +278,8 @@ static uint32_t slab_room(const slab_t *s)
     return s->capacity - s->used;
 }
 
-#define SEARCH_SLABS 8 /* owned slabs looked at per refill */
+#define SEARCH_SLABS 8        /* owned slabs looked at per refill */
+#define GOOD_BATCH_DIVISOR 64 /* a slab with 1/64 of its capacity free is taken at once */
 
 /* Another owned slab for the cache: the first of the next few in turn with
  * a good batch of blocks (1/64 of its capacity), else the one with most
@@ -288,7 +291,7 @@ static slab_t *heap_pick_slab(heap_t *heap, unsigned c)
     uint32_t best_room = 0;
     for (unsigned i = 0; s && i < SEARCH_SLABS; i++) {
         uint32_t room = slab_room(s);
-        if (room * 64 >= s->capacity) {
+        if (room * GOOD_BATCH_DIVISOR >= s->capacity) {
             best = s;
             break;
         }
