@@ -38,7 +38,7 @@ COMPETITORS = [
 LOWER_IS_BETTER = re.compile(r"(ns|faults|rss|overhead|instr|bytes)")
 
 
-def workloads(full):
+def workloads(full, thread_counts):
     """(group, name, program, args, metrics); scale depends on full."""
     k = 10 if full else 1
     w = []
@@ -56,9 +56,10 @@ def workloads(full):
         # would take 5 GB per run and say nothing new.
         for n in counts + ([10_000_000] if full and kind == "16" else []):
             w.append(("memory", f"{kind} x {n}", "memory", [kind, str(n)], ["overhead_pct", "rss_delta_mib"]))
-    for threads in [1, 2, 4]:
-        for name in ["larson", "prodcons", "churn"]:
-            ops = {"larson": 1_000_000, "prodcons": 1_000_000, "churn": 200_000}[name] * k
+    thread_ops = {"larson": 1_000_000, "prodcons": 1_000_000, "churn": 200_000, "batch": 2_000_000, "mid": 400_000}
+    for threads in thread_counts:
+        for name, ops in thread_ops.items():
+            ops *= k
             w.append(("threads", f"{name} T={threads}", "threads", [name, str(threads), str(ops)],
                       ["mops", "rss_mib"]))
     w.append(("realloc", "string-builder", "realloc", ["strings", str(2_000_000 * k)], ["mops"]))
@@ -97,13 +98,13 @@ def hakmem_version():
     return f"{version}+{rev}" if rev else version
 
 
-def allocators(build):
+def allocators(build, libdir):
     found = []
     for name, package, lib in COMPETITORS:
         if lib is None:
             found.append({"name": name, "version": "glibc " + package_version(package), "env": {}})
             continue
-        path = os.path.join(LIBDIR, lib)
+        path = os.path.join(libdir, lib)
         if not os.path.exists(path) and not ensure_installed(package):
             continue
         if os.path.exists(path):
@@ -175,13 +176,16 @@ def main():
     ap.add_argument("--runs", type=int, help="rounds per figure (default 5, full 50 for battle, 10 otherwise)")
     ap.add_argument("--only", help="regular expression: run only the workloads whose group or name matches")
     ap.add_argument("--no-callgrind", action="store_true")
+    ap.add_argument("--threads", default="1,2,4", help="thread counts of the threads group (default 1,2,4)")
+    ap.add_argument("--libdir", default=LIBDIR, help="where the competitors' libraries are")
     ap.add_argument("--out", default=os.path.join(ROOT, "results"))
     opts = ap.parse_args()
 
     build = os.path.abspath(opts.build)
     bench_dir = os.path.join(build, "bench")
-    allocs = allocators(build)
-    chosen = [w for w in workloads(opts.full)
+    allocs = allocators(build, opts.libdir)
+    thread_counts = [int(t) for t in opts.threads.split(",")]
+    chosen = [w for w in workloads(opts.full, thread_counts)
               if not opts.only or re.search(opts.only, w[0] + " " + w[1])]
 
     def runs_for(group):

@@ -3,9 +3,13 @@
  *            frees hit blocks another thread allocated (sizes 8..1024 B);
  *  prodcons: T/2 producers hand blocks to T/2 consumers that free them
  *            (one producer and one consumer at T = 1);
- *  churn:    threads that allocate, exit, and whose blocks others free.
+ *  churn:    threads that allocate, exit, and whose blocks others free;
+ *  batch:    each thread on its own: allocate 1000 blocks of 8..1024 B,
+ *            free them all, again (the threadtest pattern);
+ *  mid:      each thread on its own keeps 64 live blocks of 1..64 KiB and
+ *            replaces a random one at each step (xmalloc-like, mid tier).
  * Reports M ops/s (a malloc or a free is one op) and RSS at the end.
- * Usage: threads larson|prodcons|churn THREADS OPS_PER_THREAD */
+ * Usage: threads larson|prodcons|churn|batch|mid THREADS OPS_PER_THREAD */
 #include "common.h"
 
 #include <pthread.h>
@@ -75,16 +79,56 @@ static void *churn_worker(void *arg)
     return NULL;
 }
 
+enum { BATCH = 1000 };
+static void *batch(void *arg)
+{
+    uint64_t seed = 0x2545F4914F6CDD1Dull * ((uintptr_t)arg + 1);
+    void *blocks[BATCH];
+    for (long done = 0; done < ops_per_thread; done += 2 * BATCH) {
+        for (int i = 0; i < BATCH; i++)
+            blocks[i] = malloc(8 + rng_next(&seed) % 1017);
+        for (int i = 0; i < BATCH; i++)
+            free(blocks[i]);
+    }
+    return NULL;
+}
+
+enum { MID_LIVE = 64 };
+static void *mid(void *arg)
+{
+    uint64_t seed = 0x9E3779B97F4A7C15ull ^ ((uintptr_t)arg + 7);
+    void *live[MID_LIVE] = {0};
+    for (long i = 0; i < ops_per_thread; i += 2) {
+        uint64_t r = rng_next(&seed);
+        void **slot = &live[r % MID_LIVE];
+        free(*slot);
+        *slot = malloc(1024 + (r >> 16) % (63 * 1024));
+        memset(*slot, 1, 64);
+    }
+    for (int i = 0; i < MID_LIVE; i++)
+        free(live[i]);
+    return NULL;
+}
+
+static long run_each(void *(*worker)(void *))
+{
+    pthread_t t[64];
+    for (int i = 0; i < nthreads; i++)
+        pthread_create(&t[i], NULL, worker, (void *)(uintptr_t)i);
+    for (int i = 0; i < nthreads; i++)
+        pthread_join(t[i], NULL);
+    return ops_per_thread * nthreads;
+}
+
 static long run(const char *workload)
 {
     pthread_t t[64];
-    if (!strcmp(workload, "larson")) {
-        for (int i = 0; i < nthreads; i++)
-            pthread_create(&t[i], NULL, larson, (void *)(uintptr_t)i);
-        for (int i = 0; i < nthreads; i++)
-            pthread_join(t[i], NULL);
-        return ops_per_thread * nthreads;
-    }
+    if (!strcmp(workload, "larson"))
+        return run_each(larson);
+    if (!strcmp(workload, "batch"))
+        return run_each(batch);
+    if (!strcmp(workload, "mid"))
+        return run_each(mid);
     if (!strcmp(workload, "prodcons")) {
         int pairs = nthreads > 1 ? nthreads / 2 : 1;
         channels = calloc((size_t)pairs, sizeof *channels);
@@ -114,7 +158,7 @@ static long run(const char *workload)
 int main(int argc, char **argv)
 {
     if (argc != 4)
-        return fprintf(stderr, "usage: threads larson|prodcons|churn THREADS OPS_PER_THREAD\n"), 2;
+        return fprintf(stderr, "usage: threads larson|prodcons|churn|batch|mid THREADS OPS_PER_THREAD\n"), 2;
     nthreads = atoi(argv[2]);
     if (nthreads < 1 || nthreads > 64)
         return 2;

@@ -18,11 +18,23 @@ static void *fail_enomem(void)
 void *hak_alloc_slow_size(size_t size, uintptr_t site)
 {
     hak_ensure_init(); /* the threshold is an option */
-    if (size <= hak_config.large_threshold)
+    if (size_in_slabs(size))
         return hak_alloc_class(mid_class_of(size));
     if (unlikely(size > PTRDIFF_MAX))
         return fail_enomem();
     return large_alloc(size, 0, site);
+}
+
+/* Zeroed memory above the tiny sizes: a new large mapping is zero already. */
+void *hak_calloc_slow(size_t size, uintptr_t site)
+{
+    hak_ensure_init();
+    if (!size_in_slabs(size))
+        return unlikely(size > PTRDIFF_MAX) ? fail_enomem() : large_alloc_zeroed(size, site);
+    void *p = hak_alloc_class(mid_class_of(size));
+    if (likely(p))
+        memset(p, 0, size);
+    return p;
 }
 
 /* ---- free ---------------------------------------------------------------- */
@@ -130,7 +142,7 @@ void *hak_realloc_impl(void *p, size_t size, uintptr_t site)
     }
     unsigned kind = segmap_kind(p);
     if (kind == SEG_LARGE_HEAD || kind == SEG_LARGE_INTERIOR) {
-        if (size > hak_config.large_threshold)
+        if (!size_in_slabs(size))
             return large_realloc(p, size);
     }
     size_t usable = hak_usable_size_checked(p, "realloc");
@@ -163,12 +175,12 @@ void *hak_alloc_aligned(size_t align, size_t size, uintptr_t site)
     if (unlikely(size > PTRDIFF_MAX - align))
         return fail_enomem();
     size_t natural = size < align ? align : size;
-    if (align <= SLAB_PAGE_SIZE && natural <= hak_config.large_threshold) {
+    if (align <= SLAB_PAGE_SIZE && size_in_slabs(natural)) {
         unsigned c = class_of(natural);
         if (hak_class_size[c] % align == 0)
             return hak_alloc_class(c);
         size_t padded = size + align - 16; /* blocks above 8 B are 16-aligned */
-        if (padded <= hak_config.large_threshold) {
+        if (size_in_slabs(padded)) {
             char *b = hak_alloc(padded, site);
             if (!b)
                 return NULL;

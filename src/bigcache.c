@@ -5,8 +5,8 @@
  * of HAKMEM_BIGCACHE_SITES entries, each a ring of HAKMEM_BIGCACHE_SLOTS
  * blocks under its own lock (padded to a cache line); a site that takes
  * over an entry evicts the previous site's blocks. Cached pages are purged
- * after HAKMEM_PURGE_DELAY_MS (looked at whenever BigCache is used); the
- * mapping stays until evicted or collected. */
+ * after HAKMEM_PURGE_DELAY_MS (by the purger); the mapping stays until
+ * evicted or collected. */
 #include "internal.h"
 
 #include <pthread.h>
@@ -24,7 +24,6 @@ typedef struct bigcache_site {
 
 static bigcache_site_t sites[BIGCACHE_MAX_SITES];
 static _Atomic size_t cached_bytes; /* mapped bytes held in the cache */
-static _Atomic uint64_t next_purge_check_ms;
 _Atomic uint64_t hak_bigcache_hits, hak_bigcache_misses;
 
 void bigcache_init(void)
@@ -47,20 +46,26 @@ static void unmap_block(large_hdr_t *h)
     large_unmap(h);
 }
 
-/* A block cached for a while gives its pages back; the mapping stays. */
-static void purge_if_due(large_hdr_t *h, uint64_t now)
+/* A block cached for a while gives its pages back; the mapping stays.
+ * Returns when it falls due, or 0 once purged. */
+static uint64_t purge_if_due(large_hdr_t *h, uint64_t now)
 {
-    if (!h->purged && now - h->cached_at_ms >= (uint64_t)hak_config.purge_delay_ms) {
-        os_purge((char *)h + os_page_size(), h->map_size - os_page_size());
-        h->purged = 1;
-    }
+    if (h->purged)
+        return 0;
+    uint64_t due = h->cached_at_ms + (uint64_t)hak_config.purge_delay_ms;
+    if (now < due)
+        return due;
+    os_purge((char *)h + os_page_size(), h->map_size - os_page_size());
+    h->purged = 1;
+    return 0;
 }
 
 /* Purge the blocks cached past the delay; with unmap, give every cached
- * block back to the OS (hak_collect(true), malloc_trim). */
-void bigcache_collect(bool unmap)
+ * block back to the OS (hak_collect(true), malloc_trim). Returns when the
+ * next purge falls due, or 0 if none waits. */
+uint64_t bigcache_collect(bool unmap)
 {
-    uint64_t now = os_now_ms();
+    uint64_t now = os_now_ms(), next_due = 0;
     for (unsigned s = 0; s < site_count(); s++) {
         bigcache_site_t *e = &sites[s];
         large_hdr_t *evicted[BIGCACHE_MAX_SLOTS];
@@ -69,24 +74,19 @@ void bigcache_collect(bool unmap)
         for (unsigned i = 0; i < BIGCACHE_MAX_SLOTS; i++) {
             if (!e->slot[i])
                 continue;
-            if (unmap)
+            if (unmap) {
                 evicted[n_evicted++] = e->slot[i], e->slot[i] = NULL;
-            else
-                purge_if_due(e->slot[i], now);
+                continue;
+            }
+            uint64_t due = purge_if_due(e->slot[i], now);
+            if (due && (!next_due || due < next_due))
+                next_due = due;
         }
         pthread_mutex_unlock(&e->lock);
         for (unsigned i = 0; i < n_evicted; i++)
             unmap_block(evicted[i]);
     }
-}
-
-/* Every entry's due blocks are purged, looked at a few times per delay. */
-static void purge_check(uint64_t now)
-{
-    uint64_t due = atomic_load_explicit(&next_purge_check_ms, memory_order_relaxed);
-    uint64_t step = (uint64_t)hak_config.purge_delay_ms / 4 + 1;
-    if (now >= due && atomic_compare_exchange_strong(&next_purge_check_ms, &due, now + step))
-        bigcache_collect(false);
+    return next_due;
 }
 
 /* A cached block of the site's own entry that fits size without wasting
@@ -95,7 +95,6 @@ large_hdr_t *bigcache_take(uintptr_t site, size_t size)
 {
     if (!site_count())
         return NULL;
-    purge_check(os_now_ms());
     bigcache_site_t *e = site_entry(site);
     large_hdr_t *found = NULL;
     pthread_mutex_lock(&e->lock);
@@ -149,7 +148,7 @@ bool bigcache_put(large_hdr_t *h)
     pthread_mutex_unlock(&e->lock);
     for (unsigned i = 0; i < n_evicted; i++)
         unmap_block(evicted[i]);
-    purge_check(now);
+    purger_notify();
     return true;
 }
 

@@ -20,6 +20,7 @@ static char *meta_next, *meta_end;    /* bump arena for heap structs */
 #define META_CHUNK ((size_t)256 << 10)
 #define CARVE_BYTES 4096 /* carve a page's worth of blocks at a time: touch memory only as used */
 #define CARVE_MIN_TINY 16 /* but at least this many tiny blocks, so that refills stay rare */
+#define CARVE_MIN_MID 1   /* and at least one mid block (a carve touches a page per mid block) */
 
 /* ---- slab lists ---------------------------------------------------------- */
 
@@ -64,6 +65,8 @@ static void heap_leave_lists(heap_t *heap)
 {
     atomic_signal_fence(memory_order_seq_cst);
     atomic_store_explicit(&heap->in_slow, 0, memory_order_relaxed);
+    if (unlikely(atomic_load_explicit(&hak_purger_start_wanted, memory_order_relaxed)))
+        purger_heap_settled();
 }
 
 /* ---- slab operations (owner only) ----------------------------------------- */
@@ -108,10 +111,9 @@ static void *slab_carve(slab_t *s, void **tail)
     if (!left)
         return NULL;
     uint32_t n = CARVE_BYTES / s->block_size;
-    if (s->block_size <= TINY_MAX && n < CARVE_MIN_TINY)
-        n = CARVE_MIN_TINY;
-    if (n == 0)
-        n = 1; /* a mid block bigger than a page */
+    uint32_t min = s->block_size <= TINY_MAX ? CARVE_MIN_TINY : CARVE_MIN_MID;
+    if (n < min)
+        n = min;
     if (n > left)
         n = left;
     char *first = s->start + (size_t)s->carved * s->block_size;
@@ -126,11 +128,22 @@ static void *slab_carve(slab_t *s, void **tail)
     return first;
 }
 
+/* Bytes an empty slab keeps resident: the blocks it ever carved. */
+static size_t slab_touched_bytes(const slab_t *s) { return (size_t)s->carved * s->block_size; }
+
+/* An empty current slab the heap kept is in use again, or leaves. */
+static void heap_unkeep(heap_t *heap, slab_t *s)
+{
+    if (s->used == 0)
+        heap->kept_empty_bytes -= slab_touched_bytes(s);
+}
+
 /* Blocks for the cache from s, which becomes (or is) the current slab:
  * its local list, new blocks, or what other threads freed, in that order.
  * Every block handed to the cache counts as used. */
 static void *slab_take_blocks(heap_t *heap, slab_t *s)
 {
+    heap_unkeep(heap, s);
     void *list = s->free, *tail;
     if (list) {
         HAK_COUNT(heap, refill_local);
@@ -185,32 +198,11 @@ static void heap_unlink_slab(heap_t *heap, slab_t *s)
         list_remove(&heap->owned[c], s);
 }
 
-/* An empty slab leaves its class: kept as a spare if there is room. */
+/* An empty slab leaves its class and goes back to its SuperSlab. */
 static void heap_release_slab(heap_t *heap, slab_t *s)
 {
     heap_unlink_slab(heap, s);
-    if (s->span == 1 && heap->spare_count < HEAP_SPARE_SLABS)
-        heap->spare[heap->spare_count++] = s;
-    else
-        superslab_slab_release(s);
-}
-
-static void heap_release_spares(heap_t *heap)
-{
-    while (heap->spare_count)
-        superslab_slab_release(heap->spare[--heap->spare_count]);
-}
-
-/* A new slab for class c: a spare if the class fits one page, else from
- * the SuperSlab pool. */
-static slab_t *heap_new_slab(heap_t *heap, unsigned c)
-{
-    if (hak_class_span[c] == 1 && heap->spare_count) {
-        slab_t *s = heap->spare[--heap->spare_count];
-        slab_format(s, heap, c);
-        return s;
-    }
-    return superslab_slab_acquire(heap, c);
+    superslab_slab_release(heap, s, true);
 }
 
 /* ---- fast-path support ----------------------------------------------------- */
@@ -223,12 +215,17 @@ static HAK_NOINLINE void heap_release_emptied(heap_t *heap, slab_t *s)
 }
 
 /* The owner freed the last block of s. The current slab of its class is
- * kept (the next allocation would take it back); others go back to the
- * SuperSlab so any class can use the pages. */
+ * kept while the heap's kept empty slabs stay within their budget (the
+ * next allocation would take a slab again at once); others go back to the
+ * SuperSlab so any class can use the pages, and the purger reach them. */
 void heap_slab_emptied(heap_t *heap, slab_t *s)
 {
-    if (heap->cur[s->class_idx] != s)
-        heap_release_emptied(heap, s);
+    if (heap->cur[s->class_idx] == s &&
+        heap->kept_empty_bytes + slab_touched_bytes(s) <= HEAP_KEPT_EMPTY_BYTES) {
+        heap->kept_empty_bytes += slab_touched_bytes(s);
+        return;
+    }
+    heap_release_emptied(heap, s);
 }
 
 /* Only the owner changes the flag; other threads just read the word. */
@@ -334,7 +331,7 @@ static bool heap_refill(heap_t *heap, unsigned c)
             continue;
         } else {
             HAK_COUNT(heap, refill_new_slab);
-            s = heap_new_slab(heap, c);
+            s = superslab_slab_acquire(heap, c);
             if (!s)
                 return false;
         }
@@ -367,7 +364,7 @@ static void heap_keep_slab(heap_t *heap, slab_t *s)
 {
     slab_drain_remote(s);
     if (s->used == 0)
-        superslab_slab_release(s);
+        superslab_slab_release(heap, s, true);
     else
         list_push_back(&heap->owned[s->class_idx], s);
 }
@@ -376,6 +373,8 @@ static void heap_keep_slab(heap_t *heap, slab_t *s)
  * and keep it in heap, after handing the class's cached blocks back. */
 static void heap_take_class(heap_t *heap, heap_t *from, unsigned c)
 {
+    if (from->cur[c] && !from->cache[c])
+        heap_unkeep(from, from->cur[c]);
     heap_return_cache(from, c);
     slab_t *list = heap_detach_owned(from, c), *cur = from->cur[c];
     from->cur[c] = NULL;
@@ -400,14 +399,34 @@ void heap_flush_class(heap_t *heap, unsigned c)
     heap_leave_lists(heap);
 }
 
+/* The pages inside the free blocks of a slab still in use go back to the
+ * OS; each block's first page stays, since it holds the free-list link. */
+static void slab_purge_free_blocks(slab_t *s)
+{
+    uintptr_t page = os_page_size();
+    if (s->block_size < 2 * page)
+        return;
+    for (char *b = s->free; b; b = *(char **)b) {
+        uintptr_t from = ((uintptr_t)b + page) & ~(page - 1);
+        uintptr_t to = ((uintptr_t)b + s->block_size) & ~(page - 1);
+        if (to > from)
+            os_purge((void *)from, to - from);
+    }
+}
+
 void heap_collect(heap_t *heap)
 {
     if (heap == &hak_empty_heap)
         return;
     heap_enter_lists(heap);
-    for (unsigned c = 0; c < CLASS_COUNT; c++)
+    for (unsigned c = 0; c < CLASS_COUNT; c++) {
         heap_take_class(heap, heap, c);
-    heap_release_spares(heap);
+        slab_t *first = heap->owned[c], *s = first;
+        if (!class_is_tiny(c))
+            for (; s; s = s->next == first ? NULL : s->next)
+                slab_purge_free_blocks(s);
+    }
+    superslab_give_back_empty(heap);
     heap_leave_lists(heap);
 }
 
@@ -498,9 +517,9 @@ static bool heap_absorb_orphan(heap_t *heap)
     pthread_mutex_unlock(&heaps_lock);
     if (!o)
         return false;
+    superslab_adopt_all(heap, o); /* first: slabs are released into their owner's SuperSlabs */
     for (unsigned c = 0; c < CLASS_COUNT; c++)
         heap_take_class(heap, o, c); /* a heap orphaned by fork may hold a cache */
-    heap_release_spares(o);
     pthread_mutex_lock(&heaps_lock);
     atomic_store_explicit(&o->in_slow, 0, memory_order_relaxed);
     o->state = HEAP_FREE;

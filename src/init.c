@@ -18,6 +18,7 @@ void hak_init_slow(void)
         atomic_store_explicit(&hak_init_state, 2, memory_order_release);
         heaps_process_init();
         pthread_atfork(bigcache_fork_prepare, bigcache_fork_parent, bigcache_fork_child);
+        pthread_atfork(NULL, NULL, purger_fork_child);
         stats_init();
         return;
     }

@@ -52,14 +52,15 @@ enum seg_kind {
 
 /* Tiny: 8 B, then 16 B steps to 1 KiB (65 classes, 16 B granularity keeps
  * rounding waste near glibc's). Mid: 8 classes per doubling above 1 KiB
- * (at most 12.5% rounding waste) up to 1 MiB. */
+ * (at most 12.5% rounding waste) up to 1.875 MiB, the largest that fits a
+ * SuperSlab beside its header page (the 2 MiB class would not). */
 #define TINY_MAX 1024
 #define TINY_CLASSES 65
 #define MID_CLASSES_PER_DOUBLING 8
 #define MID_MIN_SHIFT 10 /* 1 KiB */
-#define MID_MAX_SHIFT 20 /* 1 MiB */
-#define SLAB_CLASS_MAX ((size_t)1 << MID_MAX_SHIFT)
-#define CLASS_COUNT (TINY_CLASSES + (MID_MAX_SHIFT - MID_MIN_SHIFT) * MID_CLASSES_PER_DOUBLING)
+#define MID_MAX_SHIFT 21 /* classes up to 2 MiB, less the last one */
+#define SLAB_CLASS_MAX ((size_t)15 << (MID_MAX_SHIFT - 4)) /* 1.875 MiB */
+#define CLASS_COUNT (TINY_CLASSES + (MID_MAX_SHIFT - MID_MIN_SHIFT) * MID_CLASSES_PER_DOUBLING - 1)
 
 extern const uint8_t hak_tiny_class_of[TINY_MAX / 8 + 1];
 extern uint32_t hak_class_size[CLASS_COUNT];
@@ -83,6 +84,9 @@ static inline unsigned class_of(size_t size)
 }
 
 static inline bool class_is_tiny(unsigned c) { return c < TINY_CLASSES; }
+
+/* Whether a block of this size comes from a slab (else its own mapping). */
+#define size_in_slabs(size) ((size) <= hak_config.large_threshold && (size) <= SLAB_CLASS_MAX)
 
 /* ---- Slabs and SuperSlabs ---------------------------------------------- */
 
@@ -120,9 +124,10 @@ typedef struct slab {
 
 #define RECIP_SHIFT 43
 /* off * recip has zero bits RECIP_SHIFT-1..SS_SHIFT exactly when off (below
- * 2 MiB) is a multiple of a block size of at most 1 MiB: the remainder
- * term is at least recip >= 2^23 when it is not, and below off < 2^21
- * when it is. */
+ * 2 MiB) is a multiple of a block size below 2 MiB: with recip =
+ * (2^43 + e) / bs, e < bs, and off = k bs + r, the low 43 bits hold
+ * k e + r recip, which is below off < 2^21 when r = 0 and at least
+ * recip > 2^22 (yet below 2^43) when it is not. */
 #define RECIP_REMAINDER_BITS ((((uint64_t)1 << RECIP_SHIFT) - 1) & ~(((uint64_t)1 << SS_SHIFT) - 1))
 
 static inline struct heap *slab_owner_heap(uintptr_t owner)
@@ -132,16 +137,20 @@ static inline struct heap *slab_owner_heap(uintptr_t owner)
 
 /* The header page: descriptors for the 31 data pages of a SuperSlab
  * (indexed by head page - 1) and, per page, the slab that covers it. A
- * page outside any slab maps to hak_no_slab, whose owner matches no heap. */
+ * page outside any slab maps to hak_no_slab, whose owner matches no heap.
+ * The owning heap alone changes free_pages and the slabs; the purger only
+ * purges dirty pages; the page lock orders the two. */
 typedef struct superslab {
     uint32_t magic;
-    uint32_t free_pages;      /* bit i: data page i belongs to no slab */
-    uint32_t dirty_pages;     /* free pages touched since they were last purged */
-    uint32_t pad_;
-    uint64_t dirty_since_ms;  /* when the oldest unpurged page was freed */
-    struct superslab *next, *prev; /* global list, under ss_lock */
-    slab_t *page_slab[SS_PAGES];   /* the slab covering page i */
-    slab_t slabs[SS_MAX_SPAN];     /* slabs[i - 1]: the slab whose head is page i */
+    uint32_t free_pages;      /* bit i: data page i belongs to no slab (owner writes) */
+    uint32_t dirty_pages;     /* free pages touched since they were last purged (page lock) */
+    _Atomic int pages_lock;
+    uint64_t dirty_since_ms;  /* when the oldest unpurged page was freed (page lock) */
+    struct heap *heap;        /* owner, or NULL in the pool */
+    struct superslab *next, *prev;   /* registry of every SuperSlab, under ss_lock */
+    struct superslab *hnext, *hprev; /* the owner's SuperSlabs, or the pool */
+    slab_t *page_slab[SS_PAGES];     /* the slab covering page i */
+    slab_t slabs[SS_MAX_SPAN];       /* slabs[i - 1]: the slab whose head is page i */
 } superslab_t;
 
 extern slab_t hak_no_slab;
@@ -215,10 +224,12 @@ enum { HAK_COUNTER_LIST(HAK_COUNTER_ENUM) HAK_COUNTER_COUNT };
 #define HAK_COUNT(heap, name) ((void)(heap))
 #endif
 
-/* Empty one-page slabs a heap keeps for its next refill of any class
- * instead of going through the SuperSlab lock (a batch that fills and
- * empties a few slabs would otherwise take and give them back each time). */
-#define HEAP_SPARE_SLABS 4
+/* Empty current slabs a heap keeps (the next allocation of the class
+ * would take a slab again at once), as long as their touched pages add up
+ * to no more than this; beyond it an emptied slab goes back to its
+ * SuperSlab, where the purger can reach its pages. This bounds what a
+ * sleeping thread holds dirty. */
+#define HEAP_KEPT_EMPTY_BYTES ((size_t)1 << 20)
 
 /* Per-thread state. The allocation fast path pops cache[c]: a list of free
  * blocks of cur[c], the slab it is filled from. Heaps are never unmapped
@@ -227,8 +238,8 @@ typedef struct heap {
     void *cache[CLASS_COUNT];   /* free blocks of cur[c], ready to hand out */
     slab_t *cur[CLASS_COUNT];   /* the slab the cache is filled from, or NULL */
     slab_t *owned[CLASS_COUNT]; /* the class's other slabs: a circular list, searched in turn */
-    slab_t *spare[HEAP_SPARE_SLABS]; /* empty one-page slabs, ready for any class */
-    unsigned spare_count;
+    struct superslab *superslabs; /* the SuperSlabs this heap carves slabs from */
+    size_t kept_empty_bytes;   /* touched bytes of the empty current slabs kept */
     _Atomic uint64_t remote_hint[(CLASS_COUNT + 63) / 64]; /* class got a remote free */
     _Atomic int in_slow;       /* inside a list update (fork safety) */
     int state;                 /* enum heap_state, under heaps_lock */
@@ -261,13 +272,22 @@ void heaps_totals(size_t *live, size_t *orphaned, uint64_t *slab_refills, uint64
 /* ---- SuperSlab pool ---------------------------------------------------- */
 
 slab_t *superslab_slab_acquire(heap_t *heap, unsigned c);
-void superslab_slab_release(slab_t *s);
+void superslab_slab_release(heap_t *heap, slab_t *s, bool keep_last);
 void slab_format(slab_t *s, heap_t *heap, unsigned c);
-void superslab_purge(bool force);
+void superslab_adopt_all(heap_t *heap, heap_t *from);
+void superslab_give_back_empty(heap_t *heap);
+uint64_t superslab_purge(bool force);
 void superslab_fork_prepare(void);
 void superslab_fork_parent(void);
 void superslab_fork_child(void);
 void superslab_stats(size_t *superslabs, size_t *empty, size_t slabs[2], size_t bytes[2]);
+
+/* ---- Purger thread (purger.c) ------------------------------------------ */
+
+extern _Atomic bool hak_purger_start_wanted;
+void purger_notify(void);
+void purger_heap_settled(void);
+void purger_fork_child(void);
 
 /* ---- Large blocks ------------------------------------------------------ */
 
@@ -290,6 +310,7 @@ typedef struct large_hdr {
 extern _Atomic uint64_t hak_large_allocs;
 
 void *large_alloc(size_t size, size_t align, uintptr_t site);
+void *large_alloc_zeroed(size_t size, uintptr_t site);
 void large_unmap(large_hdr_t *h);
 void large_free(void *p, const char *op);
 size_t large_usable_size(const void *p, const char *op);
@@ -302,7 +323,7 @@ extern _Atomic uint64_t hak_bigcache_hits, hak_bigcache_misses;
 void bigcache_init(void);
 large_hdr_t *bigcache_take(uintptr_t site, size_t size);
 bool bigcache_put(large_hdr_t *h);
-void bigcache_collect(bool unmap);
+uint64_t bigcache_collect(bool unmap);
 size_t bigcache_bytes(void);
 void bigcache_fork_prepare(void);
 void bigcache_fork_parent(void);
@@ -311,6 +332,7 @@ void bigcache_fork_child(void);
 /* ---- Allocation entry points (alloc.c) --------------------------------- */
 
 void *hak_alloc_slow_size(size_t size, uintptr_t site);
+void *hak_calloc_slow(size_t size, uintptr_t site);
 void hak_free_slow(void *p, const char *op);
 void *hak_alloc_aligned(size_t align, size_t size, uintptr_t site);
 size_t hak_usable_size_checked(const void *p, const char *op);
@@ -321,12 +343,16 @@ void hak_free_irregular(slab_t *s, void *p, const char *op);
 /* ---- Options (options.c) ----------------------------------------------- */
 
 enum on_error { ON_ERROR_ABORT, ON_ERROR_WARN };
+enum purge_advice { PURGE_DONTNEED, PURGE_FREE };
 
 typedef struct hak_config {
     int on_error;             /* enum on_error */
     long superslab_reserve;
     size_t large_threshold;
     long purge_delay_ms;
+    bool purge_thread;
+    int purge_advice;         /* enum purge_advice */
+    bool prewarm;
     long bigcache_sites;      /* 0: no BigCache */
     long bigcache_slots;
     size_t bigcache_max_block;
@@ -356,6 +382,7 @@ void *os_map_aligned_at(size_t size, size_t align, size_t offset);
 void *os_remap_aligned(void *p, size_t old_size, size_t new_size, size_t align);
 void os_unmap(void *p, size_t size);
 void os_purge(void *p, size_t size);
+void os_prefault(void *p, size_t size);
 size_t os_page_size(void);
 uint64_t os_now_ms(void);
 void os_write_stderr(const char *s, size_t n);

@@ -16,19 +16,49 @@ static size_t page_round(size_t n)
     return (n + page - 1) & ~(page - 1);
 }
 
-/* align is 0 or a power of two. Alignments below 2 MiB place the block at
- * an aligned offset inside the header chunk; larger ones map an extra
- * chunk for the header right before the aligned block. */
+/* A block BigCache kept for site, or NULL. Its pages hold old contents
+ * unless they were purged with MADV_DONTNEED (*zeroed tells). */
+static void *large_reuse(uintptr_t site, size_t size, bool *zeroed)
+{
+    large_hdr_t *h = bigcache_take(site, size);
+    if (!h)
+        return NULL;
+    h->magic = LARGE_MAGIC;
+    *zeroed = h->purged && hak_config.purge_advice == PURGE_DONTNEED;
+    if (h->purged && hak_config.prewarm)
+        os_prefault(h->user, h->usable);
+    return h->user;
+}
+
+static void *large_map(size_t size, size_t align, uintptr_t site);
+
+/* align is 0 or a power of two. */
 void *large_alloc(size_t size, size_t align, uintptr_t site)
 {
     hak_ensure_init();
-    if (align <= LARGE_HEADER_SIZE) {
-        large_hdr_t *h = bigcache_take(site, size);
-        if (h) {
-            h->magic = LARGE_MAGIC;
-            return h->user;
-        }
-    }
+    bool zeroed;
+    void *p = align <= LARGE_HEADER_SIZE ? large_reuse(site, size, &zeroed) : NULL;
+    return p ? p : large_map(size, align, site);
+}
+
+/* calloc: a reused block is cleared unless its pages were given back; a
+ * new mapping is zero already. */
+void *large_alloc_zeroed(size_t size, uintptr_t site)
+{
+    bool zeroed;
+    void *p = large_reuse(site, size, &zeroed);
+    if (!p)
+        return large_map(size, 0, site);
+    if (!zeroed)
+        memset(p, 0, size);
+    return p;
+}
+
+/* A new mapping. Alignments below 2 MiB place the block at an aligned
+ * offset inside the header chunk; larger ones map an extra chunk for the
+ * header right before the aligned block. */
+static void *large_map(size_t size, size_t align, uintptr_t site)
+{
     size_t offset = align > LARGE_HEADER_SIZE ? align : LARGE_HEADER_SIZE;
     bool header_chunk_apart = offset >= SS_SIZE;
     if (header_chunk_apart)
@@ -53,6 +83,8 @@ void *large_alloc(size_t size, size_t align, uintptr_t site)
     h->site = site;
     segmap_set(base, map_size, SEG_LARGE_HEAD);
     atomic_fetch_add_explicit(&hak_large_allocs, 1, memory_order_relaxed);
+    if (hak_config.prewarm)
+        os_prefault(h->user, h->usable);
     return h->user;
 }
 

@@ -103,11 +103,33 @@ void os_unmap(void *p, size_t size)
     atomic_fetch_sub_explicit(&hak_mapped_bytes, size, memory_order_relaxed);
 }
 
-/* Give the pages back to the kernel; the range reads as zeros afterwards. */
+/* Give the pages back to the kernel. With MADV_DONTNEED the range reads as
+ * zeros afterwards; with MADV_FREE the old contents may stay until the
+ * kernel needs the pages (neither matters: purged pages are free). */
 void os_purge(void *p, size_t size)
 {
     int saved = errno;
+#ifdef MADV_FREE
+    if (hak_config.purge_advice == PURGE_FREE && madvise(p, size, MADV_FREE) == 0) {
+        errno = saved;
+        return;
+    }
+#endif
     madvise(p, size, MADV_DONTNEED);
+    errno = saved;
+}
+
+#ifndef MADV_POPULATE_WRITE
+#define MADV_POPULATE_WRITE 23 /* Linux 5.14 */
+#endif
+
+/* Fault the pages in with one call; older kernels refuse, and the pages
+ * then fault on first touch as usual. */
+void os_prefault(void *p, size_t size)
+{
+    int saved = errno;
+    uintptr_t start = (uintptr_t)p & ~(uintptr_t)(os_page_size() - 1);
+    madvise((void *)start, (uintptr_t)p + size - start, MADV_POPULATE_WRITE);
     errno = saved;
 }
 

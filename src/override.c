@@ -19,10 +19,13 @@ HAK_EXPORT void *calloc(size_t n, size_t size)
         errno = ENOMEM;
         return NULL;
     }
-    void *p = hak_alloc(total, HAK_CALLER);
-    if (likely(p) && segmap_kind(p) == SEG_SUPERSLAB) /* large blocks are fresh, zeroed mappings */
-        memset(p, 0, total);
-    return p;
+    if (likely(total <= TINY_MAX)) {
+        void *p = hak_alloc_class(hak_tiny_class_of[(total + 7) >> 3]);
+        if (likely(p))
+            memset(p, 0, total);
+        return p;
+    }
+    return hak_calloc_slow(total, HAK_CALLER);
 }
 
 HAK_EXPORT void *realloc(void *p, size_t size) { return hak_realloc_impl(p, size, HAK_CALLER); }

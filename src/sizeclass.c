@@ -40,10 +40,11 @@ void sizeclass_init(void)
     hak_class_size[0] = 8;
     for (unsigned c = 1; c < TINY_CLASSES; c++)
         hak_class_size[c] = 16 * c;
-    for (unsigned b = MID_MIN_SHIFT; b < MID_MAX_SHIFT; b++)
-        for (unsigned i = 0; i < MID_CLASSES_PER_DOUBLING; i++)
-            hak_class_size[TINY_CLASSES + (b - MID_MIN_SHIFT) * MID_CLASSES_PER_DOUBLING + i] =
-                (1u << b) + (i + 1) * (1u << (b - 3));
+    for (unsigned c = TINY_CLASSES; c < CLASS_COUNT; c++) {
+        unsigned b = MID_MIN_SHIFT + (c - TINY_CLASSES) / MID_CLASSES_PER_DOUBLING;
+        unsigned step = (c - TINY_CLASSES) % MID_CLASSES_PER_DOUBLING + 1;
+        hak_class_size[c] = (1u << b) + step * (1u << (b - 3));
+    }
     for (unsigned c = 0; c < CLASS_COUNT; c++)
         hak_class_span[c] = class_is_tiny(c) ? 1 : span_for(hak_class_size[c]);
 }

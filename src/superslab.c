@@ -1,21 +1,27 @@
 /* SuperSlabs: 2 MiB-aligned regions carved into slabs of 64 KiB pages, the
  * segment map that tells hakmem's pointers from foreign ones, and the
  * policy that gives free pages and empty SuperSlabs back to the OS.
- * Slab acquisition is a slow path (once per slab), so one lock guards the
- * pool. */
+ *
+ * Each SuperSlab belongs to one heap, which alone carves slabs out of it
+ * and gives them back: taking a slab needs no shared lock, and the slab
+ * descriptors of one thread never share a cache line with another's. Only
+ * SuperSlabs without an owner (empty ones, kept in a pool up to the
+ * reserve) and the registry of all of them are shared, under ss_lock. The
+ * purger (purger.c) reaches every SuperSlab through the registry; a small
+ * lock per SuperSlab keeps its purges apart from the owner's page changes. */
 #include "internal.h"
 
 #include <pthread.h>
+#include <sched.h>
 
 _Atomic(uint8_t) hak_segmap[SEGMAP_ENTRIES];
 
 slab_t hak_no_slab; /* owner 0 matches no heap; in_use 0 */
 
 static pthread_mutex_t ss_lock = PTHREAD_MUTEX_INITIALIZER;
-static superslab_t *ss_list;   /* every mapped SuperSlab */
-static size_t ss_count;
-static size_t ss_empty_count;  /* SuperSlabs with every data page free */
-static uint64_t ss_next_purge_check_ms;
+static superslab_t *ss_registry; /* every mapped SuperSlab, through next/prev */
+static superslab_t *ss_pool;     /* empty SuperSlabs without an owner, through hnext */
+static size_t ss_count, ss_pool_count;
 
 #define DATA_PAGES_MASK (~(uint32_t)0 << SS_FIRST_DATA_PAGE)
 
@@ -36,26 +42,25 @@ void segmap_clear(void *chunk, size_t size)
         atomic_store_explicit(&hak_segmap[first + i], SEG_NONE, memory_order_relaxed);
 }
 
-static void list_link(superslab_t *ss)
+/* ---- the page lock: owner against purger ---------------------------------- */
+
+static void pages_lock(superslab_t *ss)
 {
-    ss->prev = NULL;
-    ss->next = ss_list;
-    if (ss_list)
-        ss_list->prev = ss;
-    ss_list = ss;
+    while (atomic_exchange_explicit(&ss->pages_lock, 1, memory_order_acquire))
+        while (atomic_load_explicit(&ss->pages_lock, memory_order_relaxed))
+            sched_yield(); /* the purger is in madvise: microseconds */
 }
 
-static void list_unlink(superslab_t *ss)
+static bool pages_trylock(superslab_t *ss)
 {
-    if (ss->prev)
-        ss->prev->next = ss->next;
-    else
-        ss_list = ss->next;
-    if (ss->next)
-        ss->next->prev = ss->prev;
+    return !atomic_exchange_explicit(&ss->pages_lock, 1, memory_order_acquire);
 }
 
-static superslab_t *superslab_map(void)
+static void pages_unlock(superslab_t *ss) { atomic_store_explicit(&ss->pages_lock, 0, memory_order_release); }
+
+/* ---- mapping and the shared pool (under ss_lock) ------------------------------ */
+
+static superslab_t *superslab_map_locked(void)
 {
     superslab_t *ss = os_map_aligned(SS_SIZE, SS_SIZE);
     if (!ss)
@@ -65,26 +70,89 @@ static superslab_t *superslab_map(void)
     for (unsigned i = 0; i < SS_PAGES; i++)
         ss->page_slab[i] = &hak_no_slab;
     segmap_set(ss, SS_SIZE, SEG_SUPERSLAB);
-    list_link(ss);
+    ss->prev = NULL;
+    ss->next = ss_registry;
+    if (ss_registry)
+        ss_registry->prev = ss;
+    ss_registry = ss;
     ss_count++;
-    ss_empty_count++;
     if (hak_config.verbose)
         hak_warn("mapped a SuperSlab", NULL);
     return ss;
 }
 
-static void superslab_unmap(superslab_t *ss)
+static void superslab_unmap_locked(superslab_t *ss)
 {
-    list_unlink(ss);
+    if (ss->prev)
+        ss->prev->next = ss->next;
+    else
+        ss_registry = ss->next;
+    if (ss->next)
+        ss->next->prev = ss->prev;
     ss_count--;
-    ss_empty_count--;
     segmap_clear(ss, SS_SIZE);
     os_unmap(ss, SS_SIZE);
     if (hak_config.verbose)
         hak_warn("unmapped an empty SuperSlab", NULL);
 }
 
-/* Purge every run of dirty free pages of ss. */
+static void heap_link_superslab(heap_t *heap, superslab_t *ss)
+{
+    ss->heap = heap;
+    ss->hprev = NULL;
+    ss->hnext = heap->superslabs;
+    if (heap->superslabs)
+        heap->superslabs->hprev = ss;
+    heap->superslabs = ss;
+}
+
+static void heap_unlink_superslab(heap_t *heap, superslab_t *ss)
+{
+    if (ss->hprev)
+        ss->hprev->hnext = ss->hnext;
+    else
+        heap->superslabs = ss->hnext;
+    if (ss->hnext)
+        ss->hnext->hprev = ss->hprev;
+    ss->heap = NULL;
+}
+
+/* An empty SuperSlab for heap: from the pool, else newly mapped. */
+static superslab_t *superslab_take(heap_t *heap)
+{
+    pthread_mutex_lock(&ss_lock);
+    superslab_t *ss = ss_pool;
+    if (ss) {
+        ss_pool = ss->hnext;
+        ss_pool_count--;
+    } else {
+        ss = superslab_map_locked();
+    }
+    pthread_mutex_unlock(&ss_lock);
+    if (ss)
+        heap_link_superslab(heap, ss);
+    return ss;
+}
+
+/* heap gives back an empty SuperSlab: pooled up to the reserve, else
+ * unmapped. */
+static void superslab_give_back(heap_t *heap, superslab_t *ss)
+{
+    heap_unlink_superslab(heap, ss);
+    pthread_mutex_lock(&ss_lock);
+    if (ss_pool_count < (size_t)hak_config.superslab_reserve) {
+        ss->hnext = ss_pool;
+        ss_pool = ss;
+        ss_pool_count++;
+    } else {
+        superslab_unmap_locked(ss);
+    }
+    pthread_mutex_unlock(&ss_lock);
+}
+
+/* ---- purging ---------------------------------------------------------------------- */
+
+/* Purge every run of dirty free pages of ss. Under its page lock. */
 static void superslab_purge_dirty(superslab_t *ss)
 {
     uint32_t dirty = ss->dirty_pages;
@@ -100,30 +168,42 @@ static void superslab_purge_dirty(superslab_t *ss)
     ss->dirty_pages = 0;
 }
 
-/* Purge the pages that have been free for the purge delay; with force, all
- * of them, and unmap every empty SuperSlab beyond the reserve. Under ss_lock. */
-static void purge_locked(bool force, uint64_t now)
+/* Purge the free pages that have waited out the delay (all of them with
+ * force, which also unmaps the pooled SuperSlabs beyond the reserve).
+ * Returns when the next purge falls due, or 0 if nothing waits. */
+uint64_t superslab_purge(bool force)
 {
-    uint64_t delay = (uint64_t)hak_config.purge_delay_ms;
-    for (superslab_t *ss = ss_list, *next; ss; ss = next) {
-        next = ss->next;
-        if (force && ss->free_pages == DATA_PAGES_MASK &&
-            ss_empty_count > (size_t)hak_config.superslab_reserve) {
-            superslab_unmap(ss);
+    uint64_t now = os_now_ms(), delay = (uint64_t)hak_config.purge_delay_ms, next_due = 0;
+    pthread_mutex_lock(&ss_lock);
+    for (superslab_t *ss = ss_registry; ss; ss = ss->next) {
+        if (force)
+            pages_lock(ss);
+        else if (!pages_trylock(ss)) {
+            next_due = now + 1;
             continue;
         }
-        if (ss->dirty_pages && (force || now - ss->dirty_since_ms >= delay))
-            superslab_purge_dirty(ss);
+        if (ss->dirty_pages) {
+            uint64_t due = ss->dirty_since_ms + delay;
+            if (force || now >= due)
+                superslab_purge_dirty(ss);
+            else if (!next_due || due < next_due)
+                next_due = due;
+        }
+        pages_unlock(ss);
     }
-    ss_next_purge_check_ms = now + (delay / 4 ? delay / 4 : 1);
+    if (force) {
+        while (ss_pool_count > (size_t)hak_config.superslab_reserve) {
+            superslab_t *ss = ss_pool;
+            ss_pool = ss->hnext;
+            ss_pool_count--;
+            superslab_unmap_locked(ss);
+        }
+    }
+    pthread_mutex_unlock(&ss_lock);
+    return next_due;
 }
 
-void superslab_purge(bool force)
-{
-    pthread_mutex_lock(&ss_lock);
-    purge_locked(force, os_now_ms());
-    pthread_mutex_unlock(&ss_lock);
-}
+/* ---- slabs ------------------------------------------------------------------------- */
 
 /* First data page of a run of span free pages, or 0: bit i of `starts`
  * stays set while pages i..i+k are all free. */
@@ -140,48 +220,30 @@ static uint32_t run_mask(unsigned first, unsigned span)
     return (uint32_t)((((uint64_t)1 << span) - 1) << first);
 }
 
-/* Take pages for a slab of class c. Partly used SuperSlabs are preferred so
- * that empty ones stay empty and can be unmapped. */
+/* Pages for a slab of class c: the first fitting run in heap's own
+ * SuperSlabs, most recently freed into first (their free pages are likely
+ * still resident), else a SuperSlab from the pool. */
 slab_t *superslab_slab_acquire(heap_t *heap, unsigned c)
 {
-    unsigned span = hak_class_span[c];
-    pthread_mutex_lock(&ss_lock);
-    uint64_t now = os_now_ms();
-    if (now >= ss_next_purge_check_ms)
-        purge_locked(false, now);
-    superslab_t *ss = NULL, *empty = NULL;
-    unsigned page = 0;
-    for (superslab_t *it = ss_list; it; it = it->next) {
-        unsigned at = find_free_run(it->free_pages, span);
-        if (!at)
-            continue;
-        if (it->free_pages != DATA_PAGES_MASK) {
-            ss = it, page = at;
+    unsigned span = hak_class_span[c], page = 0;
+    superslab_t *ss = heap->superslabs;
+    for (; ss; ss = ss->hnext)
+        if ((page = find_free_run(ss->free_pages, span)) != 0)
             break;
-        }
-        if (!empty)
-            empty = it, page = at;
-    }
-    if (!ss && !empty) {
-        empty = superslab_map();
+    if (!ss) {
+        ss = superslab_take(heap);
+        if (!ss)
+            return NULL;
         page = SS_FIRST_DATA_PAGE;
     }
-    if (!ss) {
-        ss = empty;
-        if (!ss) {
-            pthread_mutex_unlock(&ss_lock);
-            return NULL;
-        }
-        ss_empty_count--;
-    }
     uint32_t mask = run_mask(page, span);
+    pages_lock(ss);
     ss->free_pages &= ~mask;
     ss->dirty_pages &= ~mask;
+    pages_unlock(ss);
     slab_t *s = &ss->slabs[page - SS_FIRST_DATA_PAGE];
     for (unsigned i = 0; i < span; i++)
         ss->page_slab[page + i] = s;
-    pthread_mutex_unlock(&ss_lock);
-
     s->span = (uint8_t)span;
     s->start = (char *)ss + (size_t)page * SLAB_PAGE_SIZE;
     slab_format(s, heap, c);
@@ -206,41 +268,69 @@ void slab_format(slab_t *s, heap_t *heap, unsigned c)
     atomic_store_explicit(&s->owner, (uintptr_t)heap, memory_order_release);
 }
 
-/* Give an empty slab's pages back to its SuperSlab. The pages stay
+/* heap gives an empty slab's pages back to their SuperSlab. The pages stay
  * resident until the purge delay passes, so a slab freed and soon taken
- * again costs no page faults. */
-void superslab_slab_release(slab_t *s)
+ * again costs no page faults. A SuperSlab left empty goes back to the pool
+ * unless it is the heap's last (keep_last), which saves the next refill a
+ * trip through ss_lock. */
+void superslab_slab_release(heap_t *heap, slab_t *s, bool keep_last)
 {
     superslab_t *ss = superslab_of(s);
     unsigned page = slab_head_page(s);
     uint32_t mask = run_mask(page, s->span);
-    hak_assert(s->used == 0 && atomic_load(&s->remote) == NULL);
-    pthread_mutex_lock(&ss_lock);
+    hak_assert(s->used == 0 && atomic_load(&s->remote) == NULL && ss->heap == heap);
     atomic_store_explicit(&s->owner, 0, memory_order_relaxed);
     s->in_use = 0;
     for (unsigned i = 0; i < s->span; i++)
         ss->page_slab[page + i] = &hak_no_slab;
-    if (!ss->dirty_pages)
-        ss->dirty_since_ms = os_now_ms();
-    if (s->carved)
+    bool dirtied = s->carved != 0;
+    pages_lock(ss);
+    if (dirtied) {
+        if (!ss->dirty_pages)
+            ss->dirty_since_ms = os_now_ms();
         ss->dirty_pages |= mask;
-    ss->free_pages |= mask;
-    if (hak_config.purge_delay_ms == 0)
-        superslab_purge_dirty(ss);
-    if (ss->free_pages == DATA_PAGES_MASK) {
-        ss_empty_count++;
-        if (ss_empty_count > (size_t)hak_config.superslab_reserve)
-            superslab_unmap(ss);
+        if (hak_config.purge_delay_ms == 0)
+            superslab_purge_dirty(ss);
     }
-    pthread_mutex_unlock(&ss_lock);
+    ss->free_pages |= mask;
+    pages_unlock(ss);
+    if (heap->superslabs != ss) {
+        heap_unlink_superslab(heap, ss);
+        heap_link_superslab(heap, ss);
+    }
+    if (ss->free_pages == DATA_PAGES_MASK && !(keep_last && heap->superslabs == ss && !ss->hnext))
+        superslab_give_back(heap, ss);
+    if (dirtied && hak_config.purge_delay_ms != 0)
+        purger_notify();
+}
+
+/* An orphan's SuperSlabs go to the heap taking over its slabs. */
+void superslab_adopt_all(heap_t *heap, heap_t *from)
+{
+    while (from->superslabs) {
+        superslab_t *ss = from->superslabs;
+        heap_unlink_superslab(from, ss);
+        heap_link_superslab(heap, ss);
+    }
+}
+
+/* A heap's empty SuperSlabs go back to the pool (collect, thread exit). */
+void superslab_give_back_empty(heap_t *heap)
+{
+    for (superslab_t *ss = heap->superslabs, *next; ss; ss = next) {
+        next = ss->hnext;
+        if (ss->free_pages == DATA_PAGES_MASK)
+            superslab_give_back(heap, ss);
+    }
 }
 
 void superslab_stats(size_t *superslabs, size_t *empty, size_t slabs[2], size_t bytes[2])
 {
     pthread_mutex_lock(&ss_lock);
     *superslabs = ss_count;
-    *empty = ss_empty_count;
-    for (superslab_t *ss = ss_list; ss; ss = ss->next)
+    *empty = 0;
+    for (superslab_t *ss = ss_registry; ss; ss = ss->next) {
+        *empty += ss->free_pages == DATA_PAGES_MASK;
         for (unsigned i = 0; i < SS_MAX_SPAN; i++) {
             slab_t *s = &ss->slabs[i];
             if (!s->in_use)
@@ -249,9 +339,19 @@ void superslab_stats(size_t *superslabs, size_t *empty, size_t slabs[2], size_t 
             slabs[tier]++;
             bytes[tier] += (size_t)s->used * s->block_size;
         }
+    }
     pthread_mutex_unlock(&ss_lock);
 }
 
 void superslab_fork_prepare(void) { pthread_mutex_lock(&ss_lock); }
 void superslab_fork_parent(void) { pthread_mutex_unlock(&ss_lock); }
-void superslab_fork_child(void) { pthread_mutex_unlock(&ss_lock); }
+
+/* In the child no purger runs, and a page lock held by a thread that did
+ * not survive belongs to a heap the child never uses (heaps_fork_child);
+ * clearing it lets the child's purges proceed. */
+void superslab_fork_child(void)
+{
+    for (superslab_t *ss = ss_registry; ss; ss = ss->next)
+        atomic_store_explicit(&ss->pages_lock, 0, memory_order_relaxed);
+    pthread_mutex_unlock(&ss_lock);
+}

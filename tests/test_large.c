@@ -118,8 +118,37 @@ static void test_purge_after_delay(void)
     hak_collect(true);
 }
 
+/* calloc from the same call site as a freed, dirty block: BigCache hands
+ * the block back, and calloc must clear it. */
+static __attribute__((noipa)) void *zeroed_site(size_t n)
+{
+    void *p = calloc(1, n);
+    __asm__ volatile("" : : "g"(p) : "memory");
+    return p;
+}
+
+static void test_calloc_reuses_cleared(void)
+{
+    hak_collect(true);
+    for (int round = 0; round < 2; round++) {
+        hak_stats_t before = stats();
+        unsigned char *p = zeroed_site(3 * MiB);
+        CHECK(p && hak_owns(p));
+        CHECK(stats().bigcache_hits == before.bigcache_hits + (uint64_t)round);
+        size_t nonzero = 0;
+        volatile unsigned char *v = p; /* GCC knows calloc's memory is zero */
+        for (size_t i = 0; i < 3 * MiB; i += 512)
+            nonzero += v[i] != 0;
+        CHECK(nonzero == 0);
+        memset(p, 0xff, 3 * MiB);
+        __asm__ volatile("" : : "g"(p) : "memory"); /* not a dead store before free */
+        free(p);
+    }
+}
+
 int main(void)
 {
+    test_calloc_reuses_cleared();
     test_reuse_by_site();
     test_fit();
     test_ring_bound_and_collect();

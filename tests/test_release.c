@@ -1,0 +1,229 @@
+/* Memory back to the OS, run once per mode (CMake sets the environment):
+ *   trim     1 GiB in blocks of 1 KiB..4 MiB, freed, then malloc_trim(0):
+ *            RSS back within 0.5 MiB of the start; aligned blocks up to
+ *            64 MiB cost no more address space than their alignment and
+ *            commit nothing;
+ *   sleep    (HAKMEM_PURGE_DELAY_MS=200) the same, freed, and no call at
+ *            all: RSS stays up until the delay, then the purger thread
+ *            brings it back within 2.5 MiB while the program sleeps;
+ *   inline   (and HAKMEM_PURGE_THREAD=0) no thread: RSS stays up while the
+ *            program sleeps, and comes back once it allocates again;
+ *   lazyfree (and HAKMEM_PURGE_ADVICE=free) purged pages are MADV_FREE'd:
+ *            they show as LazyFree, and RSS less LazyFree is back;
+ *   prewarm  (HAKMEM_PREWARM=1) a large block, new or reused after a
+ *            purge, is touched without page faults. */
+#define _GNU_SOURCE
+#include <dirent.h>
+#include <malloc.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include "check.h"
+#include "hakmem.h"
+#include "rss.h"
+
+#define MiB ((size_t)1 << 20)
+
+static uint64_t rng(uint64_t *s)
+{
+    *s ^= *s << 13;
+    *s ^= *s >> 7;
+    *s ^= *s << 17;
+    return *s;
+}
+
+/* A smaps_rollup field in bytes. */
+static size_t rollup_field(const char *name)
+{
+    FILE *f = fopen("/proc/self/smaps_rollup", "r");
+    char line[256], format[64];
+    size_t kib = 0;
+    snprintf(format, sizeof format, "%s: %%zu kB", name);
+    while (f && fgets(line, sizeof line, f))
+        if (sscanf(line, format, &kib) == 1)
+            break;
+    if (f)
+        fclose(f);
+    return kib * 1024;
+}
+
+static int thread_count(void)
+{
+    DIR *d = opendir("/proc/self/task");
+    int n = 0;
+    for (struct dirent *e; d && (e = readdir(d));)
+        n += e->d_name[0] != '.';
+    if (d)
+        closedir(d);
+    return n;
+}
+
+static void **blocks;
+static size_t block_count;
+
+/* total bytes in blocks of 1 KiB..4 MiB, log-uniform (every tier and
+ * most classes), each touched; hakmem must own them all. */
+static void allocate_mix(size_t total, uint64_t seed)
+{
+    size_t done = 0;
+    block_count = 0;
+    while (done < total) {
+        size_t size = (size_t)1024 << (rng(&seed) % 12); /* 1 KiB .. 2 MiB */
+        size += rng(&seed) % size;                        /* .. 4 MiB */
+        void *p = malloc(size);
+        CHECK(p && hak_owns(p));
+        if (!p)
+            break;
+        memset(p, 0xa5, size);
+        blocks[block_count++] = p;
+        done += size;
+    }
+}
+
+static void free_mix_shuffled(uint64_t seed)
+{
+    for (size_t i = block_count - 1; i > 0; i--) {
+        size_t j = rng(&seed) % (i + 1);
+        void *t = blocks[i];
+        blocks[i] = blocks[j];
+        blocks[j] = t;
+    }
+    for (size_t i = 0; i < block_count; i++)
+        free(blocks[i]);
+}
+
+/* RSS after waiting up to ms for it to fall to goal. */
+static size_t rss_after_wait(size_t goal, int ms)
+{
+    size_t rss = rss_bytes();
+    for (int waited = 0; rss > goal && waited < ms; waited += 50) {
+        usleep(50 * 1000);
+        rss = rss_bytes();
+    }
+    return rss;
+}
+
+static void test_aligned_cost(void)
+{
+    for (size_t align = MiB; align <= 64 * MiB; align *= 2) {
+        hak_stats_t before, after;
+        hak_stats_get(&before);
+        size_t rss = rss_bytes();
+        void *p = aligned_alloc(align, align);
+        hak_stats_get(&after);
+        CHECK(p && ((uintptr_t)p & (align - 1)) == 0 && hak_owns(p));
+        CHECK(after.mapped_bytes - before.mapped_bytes <= align + align); /* size + at most align */
+        CHECK(rss_bytes() <= rss + 256 * 1024);                          /* nothing committed */
+        free(p);
+    }
+}
+
+static void mode_trim(size_t start)
+{
+    allocate_mix(1024 * MiB, 1);
+    size_t peak = rss_bytes();
+    CHECK(peak > start + 900 * MiB);
+    free_mix_shuffled(2);
+    malloc_trim(0);
+    size_t end = rss_bytes();
+    printf("trim: start %.2f MiB, peak %.1f MiB, after free and malloc_trim %.2f MiB\n",
+           start / 1048576.0, peak / 1048576.0, end / 1048576.0);
+    CHECK(end <= start + MiB / 2);
+    test_aligned_cost();
+}
+
+static void mode_sleep(size_t start, bool thread)
+{
+    allocate_mix(512 * MiB, 3);
+    free_mix_shuffled(4);
+    size_t right_after = rss_bytes();
+    CHECK(right_after > start + 8 * MiB); /* the delay holds pages a while */
+    CHECK(thread_count() == (thread ? 2 : 1));
+    size_t slept = rss_after_wait(start + 5 * MiB / 2, thread ? 3000 : 600);
+    printf("sleep: start %.2f MiB, right after free %.1f MiB, after sleeping %.2f MiB\n",
+           start / 1048576.0, right_after / 1048576.0, slept / 1048576.0);
+    if (thread) {
+        CHECK(slept <= start + 5 * MiB / 2);
+        return;
+    }
+    CHECK(slept > start + 8 * MiB); /* nothing purges a sleeping program without the thread */
+    for (int i = 0; i < 20; i++) { /* allocating again runs the due purges */
+        free(malloc(3 * MiB));
+        usleep(20 * 1000);
+    }
+    size_t again = rss_bytes();
+    printf("inline: after allocating again %.2f MiB\n", again / 1048576.0);
+    CHECK(again <= start + 5 * MiB / 2);
+}
+
+static void mode_lazyfree(size_t start)
+{
+    allocate_mix(256 * MiB, 5);
+    free_mix_shuffled(6);
+    size_t goal = start + 5 * MiB / 2, rss = 0, lazy = 0;
+    for (int waited = 0; waited < 3000; waited += 50) {
+        usleep(50 * 1000);
+        rss = rss_bytes();
+        lazy = rollup_field("LazyFree");
+        if (rss - lazy <= goal)
+            break;
+    }
+    printf("lazyfree: RSS %.1f MiB of which LazyFree %.1f MiB\n", rss / 1048576.0, lazy / 1048576.0);
+    CHECK(lazy > 16 * MiB);
+    CHECK(rss - lazy <= goal);
+}
+
+static long faults_touching(char *p, size_t size)
+{
+    struct rusage a, b;
+    getrusage(RUSAGE_SELF, &a);
+    for (size_t i = 0; i < size; i += 4096)
+        p[i] = 1;
+    getrusage(RUSAGE_SELF, &b);
+    return b.ru_minflt - a.ru_minflt;
+}
+
+static void mode_prewarm(void)
+{
+    long faults[2];
+    for (int round = 0; round < 2; round++) { /* one call site: BigCache reuses the block */
+        hak_stats_t before, after;
+        hak_stats_get(&before);
+        char *p = malloc(8 * MiB);
+        hak_stats_get(&after);
+        CHECK(p && hak_owns(p));
+        CHECK(after.bigcache_hits == before.bigcache_hits + (uint64_t)round);
+        faults[round] = faults_touching(p, 8 * MiB);
+        free(p);
+        usleep(400 * 1000); /* past the delay: BigCache purges the block */
+    }
+    long fresh = faults[0], reused = faults[1];
+    printf("prewarm: faults touching 8 MiB: new %ld, reused after purge %ld\n", fresh, reused);
+    CHECK(fresh <= 8 && reused <= 8);
+}
+
+int main(int argc, char **argv)
+{
+    const char *mode = argc > 1 ? argv[1] : "trim";
+    blocks = calloc(1 << 16, sizeof *blocks);
+    CHECK(blocks != NULL);
+    rss_bytes(); /* fault in the reading code */
+    size_t start = rss_bytes();
+    if (!strcmp(mode, "trim"))
+        mode_trim(start);
+    else if (!strcmp(mode, "sleep"))
+        mode_sleep(start, true);
+    else if (!strcmp(mode, "inline"))
+        mode_sleep(start, false);
+    else if (!strcmp(mode, "lazyfree"))
+        mode_lazyfree(start);
+    else if (!strcmp(mode, "prewarm"))
+        mode_prewarm();
+    else
+        CHECK(!"unknown mode");
+    free(blocks);
+    return check_summary(mode);
+}
