@@ -8,7 +8,10 @@
  * Usage: battle json|mir|vm|mixed SAMPLES */
 #include "common.h"
 
+#include <dlfcn.h>
 #include <unistd.h>
+
+#include "hakmem.h" /* for hak_stats_t only: the library is found with dlsym */
 
 /* Every page of the block, and its last byte (size > 0). */
 static void touch(char *p, size_t size, int value)
@@ -53,6 +56,15 @@ int main(int argc, char **argv)
     size_t rss = rss_bytes();
     for (int i = 0; i < LIVE; i++)
         free(live[i]);
+    /* Under hakmem, BigCache's hit rate (the large blocks it reused). */
+    void (*stats_get)(hak_stats_t *) = (void (*)(hak_stats_t *))dlsym(RTLD_DEFAULT, "hak_stats_get");
+    if (stats_get) {
+        hak_stats_t st;
+        stats_get(&st);
+        if (st.bigcache_hits + st.bigcache_misses)
+            report("bigcache_hit_pct", 100.0 * (double)st.bigcache_hits /
+                                           (double)(st.bigcache_hits + st.bigcache_misses));
+    }
     report("faults_per_iter", (double)faults / (double)iterations);
     report("rss_mib", (double)rss / 1048576.0);
     report("p95_ns", percentile(ns, (size_t)samples, 0.95));

@@ -49,7 +49,9 @@ def workloads(full, thread_counts):
     battle_iters = {"json": 1000, "mir": 1000, "vm": 10 * (10 if full else 1), "mixed": 1000}
     for scenario, iters in battle_iters.items():
         w.append(("battle", scenario, "battle", [scenario, str(iters)],
-                  ["median_ns", "p95_ns", "p99_ns", "faults_per_iter", "rss_mib"]))
+                  ["median_ns", "p95_ns", "p99_ns", "faults_per_iter", "rss_mib", "bigcache_hit_pct"]))
+    w.append(("rss-time", "prodcons 1K..1M", "rsstime", [str(300_000 * k)],
+              ["kops", "rss_warm_mib", "rss_end_mib", "rss_peak_mib", "rss_growth_mib"]))
     counts = [1_000, 10_000, 100_000, 1_000_000]
     for kind in ["16", "uniform"]:
         # 10M blocks at full scale: 160 MB of 16 B blocks; 10M uniform ones
@@ -178,12 +180,18 @@ def main():
     ap.add_argument("--no-callgrind", action="store_true")
     ap.add_argument("--threads", default="1,2,4", help="thread counts of the threads group (default 1,2,4)")
     ap.add_argument("--libdir", default=LIBDIR, help="where the competitors' libraries are")
+    ap.add_argument("--prewarm", action="store_true",
+                    help="also run hakmem with HAKMEM_PREWARM=1 (as hakmem-prewarm) to measure pre-warming")
     ap.add_argument("--out", default=os.path.join(ROOT, "results"))
     opts = ap.parse_args()
 
     build = os.path.abspath(opts.build)
     bench_dir = os.path.join(build, "bench")
     allocs = allocators(build, opts.libdir)
+    if opts.prewarm:
+        hakmem = next(a for a in allocs if a["name"] == "hakmem")
+        allocs.append({"name": "hakmem-prewarm", "version": hakmem["version"] + " HAKMEM_PREWARM=1",
+                       "env": dict(hakmem["env"], HAKMEM_PREWARM="1")})
     thread_counts = [int(t) for t in opts.threads.split(",")]
     chosen = [w for w in workloads(opts.full, thread_counts)
               if not opts.only or re.search(opts.only, w[0] + " " + w[1])]
@@ -210,7 +218,8 @@ def main():
                       end="", file=sys.stderr, flush=True)
                 got = run_program(os.path.join(bench_dir, "bench_" + program), args, a["env"])
                 for metric in metrics:
-                    samples.setdefault((group, name, a["name"], metric), []).append(got[metric])
+                    if metric in got:  # some are hakmem's alone (bigcache_hit_pct)
+                        samples.setdefault((group, name, a["name"], metric), []).append(got[metric])
     print(file=sys.stderr)
 
     rows = [(g, n, a, m, statistics.median(v)) for (g, n, a, m), v in samples.items()]

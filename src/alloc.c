@@ -118,6 +118,8 @@ void hak_free_irregular(slab_t *s, void *p, const char *op)
 
 /* ---- usable size and realloc ------------------------------------------------- */
 
+#define LARGE_SHRINK_COPY_MAX ((size_t)64 << 10)
+
 size_t hak_usable_size_checked(const void *p, const char *op)
 {
     unsigned kind = segmap_kind(p);
@@ -141,10 +143,10 @@ void *hak_realloc_impl(void *p, size_t size, uintptr_t site)
         return NULL;
     }
     unsigned kind = segmap_kind(p);
-    if (kind == SEG_LARGE_HEAD || kind == SEG_LARGE_INTERIOR) {
-        if (!size_in_slabs(size))
-            return large_realloc(p, size);
-    }
+    /* A large block stays large, trimmed or grown in place, unless it
+     * shrinks to a size cheaper to copy than the page of slack it keeps. */
+    if ((kind == SEG_LARGE_HEAD || kind == SEG_LARGE_INTERIOR) && size >= LARGE_SHRINK_COPY_MAX)
+        return large_realloc(p, size);
     size_t usable = hak_usable_size_checked(p, "realloc");
     if (!usable) {
         errno = EINVAL;

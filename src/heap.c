@@ -306,11 +306,30 @@ static slab_t *heap_pick_slab(heap_t *heap, unsigned c)
 
 static bool heap_absorb_orphan(heap_t *heap);
 
+/* s has no freed block to hand out, only never-used ones (and, having
+ * carved some, blocks in use: it may sit on the owned list). */
+static bool slab_would_carve(slab_t *s)
+{
+    return !s->free && s->carved != 0 && s->carved < s->capacity &&
+           !atomic_load_explicit(&s->remote, memory_order_relaxed);
+}
+
 /* Fill heap->cache[c], which is empty. */
 static bool heap_refill(heap_t *heap, unsigned c)
 {
     for (;;) {
         slab_t *s = heap->cur[c];
+        if (s && slab_would_carve(s) && heap_take_hint(heap, c)) {
+            /* Blocks other threads gave back come before new ones: they
+             * are warm, and carving would grow RSS while they wait. */
+            heap_drain_class(heap, c);
+            slab_t *other = heap_pick_slab(heap, c);
+            if (other) {
+                HAK_COUNT(heap, refill_switch);
+                list_push_back(&heap->owned[c], s);
+                heap->cur[c] = s = other;
+            }
+        }
         if (s) {
             void *list = slab_take_blocks(heap, s);
             if (list) {

@@ -146,6 +146,7 @@ typedef struct superslab {
     uint32_t dirty_pages;     /* free pages touched since they were last purged (page lock) */
     _Atomic int pages_lock;
     uint64_t dirty_since_ms;  /* when the oldest unpurged page was freed (page lock) */
+    uint64_t empty_since_ms;  /* when it went to the pool */
     struct heap *heap;        /* owner, or NULL in the pool */
     struct superslab *next, *prev;   /* registry of every SuperSlab, under ss_lock */
     struct superslab *hnext, *hprev; /* the owner's SuperSlabs, or the pool */

@@ -16,11 +16,16 @@ const uint8_t hak_tiny_class_of[TINY_MAX / 8 + 1] = {
 uint32_t hak_class_size[CLASS_COUNT];
 uint8_t hak_class_span[CLASS_COUNT];
 
-/* Mid slabs aim at 8 or more blocks (so a slab is not refilled for every
- * allocation) with at most 1/8 of the slab left over; classes too large for
- * 8 blocks take a slab of at least 1 MiB. */
+/* L2 slabs (blocks up to 256 KiB) aim at 8 or more blocks (so a slab is
+ * not refilled for every allocation) with at most 1/8 of the slab left
+ * over; classes too large for 8 blocks take a slab of at least 1 MiB.
+ * L2.5 blocks (above 256 KiB) are page bundles: one block per slab, the
+ * fewest pages that hold it with at most 1/8 left over, so that a freed
+ * block gives its pages back to the SuperSlab at once instead of pinning a
+ * slab that a few other blocks keep alive. */
 #define SLAB_MIN_BLOCKS 8
 #define SLAB_BIG_BYTES ((size_t)1 << 20)
+#define L25_MIN_BLOCK ((size_t)256 << 10)
 
 static uint8_t span_for(size_t block_size)
 {
@@ -29,7 +34,8 @@ static uint8_t span_for(size_t block_size)
         size_t bytes = span * SLAB_PAGE_SIZE;
         size_t blocks = bytes / block_size;
         size_t waste = bytes - blocks * block_size;
-        if (waste * 8 <= bytes && (blocks >= SLAB_MIN_BLOCKS || bytes >= SLAB_BIG_BYTES))
+        if (waste * 8 <= bytes &&
+            (blocks >= SLAB_MIN_BLOCKS || bytes >= SLAB_BIG_BYTES || block_size > L25_MIN_BLOCK))
             return (uint8_t)span;
     }
     return (uint8_t)first;

@@ -117,6 +117,30 @@ static void heap_unlink_superslab(heap_t *heap, superslab_t *ss)
     ss->heap = NULL;
 }
 
+/* Unmap the pooled SuperSlabs beyond the reserve, the oldest first: all
+ * of them with force, else those empty for the purge delay. Returns when
+ * the next one falls due, or 0. */
+static uint64_t unmap_pool_beyond_reserve_locked(bool force, uint64_t now)
+{
+    size_t keep = (size_t)hak_config.superslab_reserve;
+    superslab_t **link = &ss_pool;
+    uint64_t next_due = 0;
+    for (size_t i = 0; *link; i++) {
+        superslab_t *ss = *link;
+        uint64_t due = ss->empty_since_ms + (uint64_t)hak_config.purge_delay_ms;
+        if (i < keep || (!force && now < due)) {
+            if (i >= keep && (!next_due || due < next_due))
+                next_due = due;
+            link = &ss->hnext;
+            continue;
+        }
+        *link = ss->hnext;
+        ss_pool_count--;
+        superslab_unmap_locked(ss);
+    }
+    return next_due;
+}
+
 /* An empty SuperSlab for heap: from the pool, else newly mapped. */
 static superslab_t *superslab_take(heap_t *heap)
 {
@@ -134,20 +158,22 @@ static superslab_t *superslab_take(heap_t *heap)
     return ss;
 }
 
-/* heap gives back an empty SuperSlab: pooled up to the reserve, else
- * unmapped. */
+/* heap gives back an empty SuperSlab. The pool keeps it (warm, for the
+ * next heap that needs one); the purger unmaps what exceeds the reserve
+ * once it has been empty for the purge delay. */
 static void superslab_give_back(heap_t *heap, superslab_t *ss)
 {
     heap_unlink_superslab(heap, ss);
+    ss->empty_since_ms = os_now_ms();
     pthread_mutex_lock(&ss_lock);
-    if (ss_pool_count < (size_t)hak_config.superslab_reserve) {
-        ss->hnext = ss_pool;
-        ss_pool = ss;
-        ss_pool_count++;
-    } else {
-        superslab_unmap_locked(ss);
-    }
+    ss->hnext = ss_pool;
+    ss_pool = ss;
+    bool beyond_reserve = ++ss_pool_count > (size_t)hak_config.superslab_reserve;
+    if (beyond_reserve && hak_config.purge_delay_ms == 0)
+        unmap_pool_beyond_reserve_locked(true, 0);
     pthread_mutex_unlock(&ss_lock);
+    if (beyond_reserve && hak_config.purge_delay_ms != 0)
+        purger_notify();
 }
 
 /* ---- purging ---------------------------------------------------------------------- */
@@ -191,14 +217,9 @@ uint64_t superslab_purge(bool force)
         }
         pages_unlock(ss);
     }
-    if (force) {
-        while (ss_pool_count > (size_t)hak_config.superslab_reserve) {
-            superslab_t *ss = ss_pool;
-            ss_pool = ss->hnext;
-            ss_pool_count--;
-            superslab_unmap_locked(ss);
-        }
-    }
+    uint64_t pool_due = unmap_pool_beyond_reserve_locked(force, now);
+    if (pool_due && (!next_due || pool_due < next_due))
+        next_due = pool_due;
     pthread_mutex_unlock(&ss_lock);
     return next_due;
 }
@@ -314,7 +335,8 @@ void superslab_adopt_all(heap_t *heap, heap_t *from)
     }
 }
 
-/* A heap's empty SuperSlabs go back to the pool (collect, thread exit). */
+/* A heap's empty SuperSlabs go back (collect, thread exit): the pool
+ * keeps the reserve, the rest is unmapped now. */
 void superslab_give_back_empty(heap_t *heap)
 {
     for (superslab_t *ss = heap->superslabs, *next; ss; ss = next) {
@@ -322,6 +344,9 @@ void superslab_give_back_empty(heap_t *heap)
         if (ss->free_pages == DATA_PAGES_MASK)
             superslab_give_back(heap, ss);
     }
+    pthread_mutex_lock(&ss_lock);
+    unmap_pool_beyond_reserve_locked(true, 0);
+    pthread_mutex_unlock(&ss_lock);
 }
 
 void superslab_stats(size_t *superslabs, size_t *empty, size_t slabs[2], size_t bytes[2])

@@ -9,6 +9,7 @@
 
 #include <stdint.h>
 #include <stdlib.h>
+#include <malloc.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -93,8 +94,8 @@ static void test_ring_bound_and_collect(void)
     CHECK(stats().bigcache_bytes == 0);
 }
 
-/* Pages of a cached block go back to the OS once the purge delay (1 s by
- * default) has passed and the cache is used again; the mapping stays. */
+/* Pages of a cached block go back to the OS once the purge delay (100 ms
+ * by default) has passed, by the purger, with no call; the mapping stays. */
 static void test_purge_after_delay(void)
 {
     hak_collect(true);
@@ -104,9 +105,7 @@ static void test_purge_after_delay(void)
     size_t touched = rss_bytes();
     free(p);
     CHECK(rss_bytes() + 16 * MiB > touched); /* still resident: reuse is cheap */
-    sleep(2);
-    char *q = alloc_site_b(2 * MiB);
-    free(q); /* uses the cache: due blocks are purged */
+    usleep(600 * 1000);
     size_t after = rss_bytes();
     printf("rss: touched %.1f MiB, after the delay %.1f MiB\n", touched / (double)MiB, after / (double)MiB);
     CHECK(after + 24 * MiB < touched);
@@ -146,8 +145,30 @@ static void test_calloc_reuses_cleared(void)
     }
 }
 
+/* Shrinking a large block keeps it in place, below the threshold too,
+ * down to 64 KiB; smaller, it moves to a slab block. */
+static void test_realloc_shrink_in_place(void)
+{
+    unsigned char *p = malloc(8 * MiB);
+    CHECK(p != NULL);
+    for (size_t i = 0; i < 8 * MiB; i += 4096)
+        p[i] = (unsigned char)(i >> 12);
+    hak_stats_t before = stats();
+    unsigned char *q = realloc(p, 200 << 10);
+    CHECK(q == p && malloc_usable_size(q) >= (200 << 10));
+    CHECK(stats().mapped_bytes + 7 * MiB <= before.mapped_bytes); /* the tail went back */
+    size_t wrong = 0;
+    for (size_t i = 0; i < (200 << 10); i += 4096)
+        wrong += q[i] != (unsigned char)(i >> 12);
+    CHECK(wrong == 0);
+    unsigned char *r = realloc(q, 1000);
+    CHECK(r && r != q && hak_owns(r) && r[0] == 0 && malloc_usable_size(r) < 4096);
+    free(r);
+}
+
 int main(void)
 {
+    test_realloc_shrink_in_place();
     test_calloc_reuses_cleared();
     test_reuse_by_site();
     test_fit();

@@ -1,0 +1,71 @@
+/* RSS over time of a steady producer/consumer: one thread allocates blocks
+ * of 1 KiB..1 MiB (log-uniform), touches them and hands them over a ring
+ * to another thread, which keeps the last LIVE it received and frees the
+ * one each new block replaces. The live set is steady (about 40 MiB), so
+ * RSS should stay flat after warm-up. RSS is sampled every
+ * 1/40 of the run; we report it after warm-up (a quarter of the run), at
+ * the end, its peak, and the growth from warm-up to the end, plus the
+ * throughput. Usage: rsstime OPERATIONS */
+#include "common.h"
+
+#include <pthread.h>
+#include <stdatomic.h>
+
+enum { LIVE = 256, SAMPLES = 40 };
+static _Atomic(char *) ring[LIVE];
+static long operations;
+
+static void *producer(void *arg)
+{
+    (void)arg;
+    uint64_t seed = 0x1234567;
+    for (long i = 0; i < operations; i++) {
+        size_t size = (size_t)1024 << (rng_next(&seed) % 10); /* 1 KiB .. 512 KiB */
+        size += rng_next(&seed) % size;                         /* .. 1 MiB */
+        char *p = malloc(size);
+        for (size_t j = 0; j < size; j += 4096)
+            p[j] = (char)i;
+        _Atomic(char *) *slot = &ring[i % LIVE];
+        while (atomic_load_explicit(slot, memory_order_acquire))
+            ;
+        atomic_store_explicit(slot, p, memory_order_release);
+    }
+    return NULL;
+}
+
+int main(int argc, char **argv)
+{
+    if (argc != 2)
+        return fprintf(stderr, "usage: rsstime OPERATIONS\n"), 2;
+    operations = atol(argv[1]);
+    size_t rss[SAMPLES + 1] = {0};
+    static char *kept[LIVE];
+    pthread_t t;
+    double start = now_ns();
+    pthread_create(&t, NULL, producer, NULL);
+    for (long i = 0; i < operations; i++) { /* the consumer */
+        _Atomic(char *) *slot = &ring[i % LIVE];
+        char *p;
+        while (!(p = atomic_load_explicit(slot, memory_order_acquire)))
+            ;
+        atomic_store_explicit(slot, NULL, memory_order_release);
+        free(kept[i % LIVE]);
+        kept[i % LIVE] = p;
+        if ((i + 1) % (operations / SAMPLES) == 0 && (i + 1) / (operations / SAMPLES) <= SAMPLES)
+            rss[(i + 1) / (operations / SAMPLES)] = rss_bytes();
+    }
+    pthread_join(t, NULL);
+    double elapsed = now_ns() - start;
+    for (int i = 0; i < LIVE; i++)
+        free(kept[i]);
+    size_t peak = 0;
+    for (int s = 1; s <= SAMPLES; s++)
+        peak = rss[s] > peak ? rss[s] : peak;
+    double warm = (double)rss[SAMPLES / 4], end = (double)rss[SAMPLES];
+    report("kops", (double)operations / elapsed * 1e6);
+    report("rss_warm_mib", warm / 1048576.0);
+    report("rss_end_mib", end / 1048576.0);
+    report("rss_peak_mib", (double)peak / 1048576.0);
+    report("rss_growth_mib", (end - warm) / 1048576.0);
+    return 0;
+}
