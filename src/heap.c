@@ -198,11 +198,37 @@ static void heap_unlink_slab(heap_t *heap, slab_t *s)
         list_remove(&heap->owned[c], s);
 }
 
-/* An empty slab leaves its class and goes back to its SuperSlab. */
+/* An empty slab leaves its class: kept as a spare if it is one page and
+ * there is room (a batch that fills and empties a few slabs would
+ * otherwise give them back and take them again each time), else back to
+ * its SuperSlab. */
 static void heap_release_slab(heap_t *heap, slab_t *s)
 {
     heap_unlink_slab(heap, s);
-    superslab_slab_release(heap, s, true);
+    if (s->span == 1 && heap->spare_count < HEAP_SPARE_SLABS)
+        heap->spare[heap->spare_count++] = s;
+    else
+        superslab_slab_release(heap, s, true);
+}
+
+/* from's spares go back to their SuperSlabs, which heap owns (heap is from
+ * itself, or the heap that adopted an orphan's SuperSlabs). */
+static void heap_release_spares(heap_t *heap, heap_t *from)
+{
+    while (from->spare_count)
+        superslab_slab_release(heap, from->spare[--from->spare_count], true);
+}
+
+/* A new slab for class c: a spare if the class fits one page, else pages
+ * from the heap's SuperSlabs. */
+static slab_t *heap_new_slab(heap_t *heap, unsigned c)
+{
+    if (hak_class_span[c] == 1 && heap->spare_count) {
+        slab_t *s = heap->spare[--heap->spare_count];
+        slab_format(s, heap, c);
+        return s;
+    }
+    return superslab_slab_acquire(heap, c);
 }
 
 /* ---- fast-path support ----------------------------------------------------- */
@@ -350,7 +376,7 @@ static bool heap_refill(heap_t *heap, unsigned c)
             continue;
         } else {
             HAK_COUNT(heap, refill_new_slab);
-            s = superslab_slab_acquire(heap, c);
+            s = heap_new_slab(heap, c);
             if (!s)
                 return false;
         }
@@ -445,6 +471,7 @@ void heap_collect(heap_t *heap)
             for (; s; s = s->next == first ? NULL : s->next)
                 slab_purge_free_blocks(s);
     }
+    heap_release_spares(heap, heap);
     superslab_give_back_empty(heap);
     heap_leave_lists(heap);
 }
@@ -539,6 +566,7 @@ static bool heap_absorb_orphan(heap_t *heap)
     superslab_adopt_all(heap, o); /* first: slabs are released into their owner's SuperSlabs */
     for (unsigned c = 0; c < CLASS_COUNT; c++)
         heap_take_class(heap, o, c); /* a heap orphaned by fork may hold a cache */
+    heap_release_spares(heap, o);
     pthread_mutex_lock(&heaps_lock);
     atomic_store_explicit(&o->in_slow, 0, memory_order_relaxed);
     o->state = HEAP_FREE;

@@ -232,6 +232,9 @@ enum { HAK_COUNTER_LIST(HAK_COUNTER_ENUM) HAK_COUNTER_COUNT };
  * sleeping thread holds dirty. */
 #define HEAP_KEPT_EMPTY_BYTES ((size_t)1 << 20)
 
+/* Empty one-page slabs a heap keeps for its next refill of any class. */
+#define HEAP_SPARE_SLABS 4
+
 /* Per-thread state. The allocation fast path pops cache[c]: a list of free
  * blocks of cur[c], the slab it is filled from. Heaps are never unmapped
  * (a remote free may still read one). */
@@ -241,6 +244,8 @@ typedef struct heap {
     slab_t *owned[CLASS_COUNT]; /* the class's other slabs: a circular list, searched in turn */
     struct superslab *superslabs; /* the SuperSlabs this heap carves slabs from */
     size_t kept_empty_bytes;   /* touched bytes of the empty current slabs kept */
+    slab_t *spare[HEAP_SPARE_SLABS]; /* empty one-page slabs, ready for any class */
+    unsigned spare_count;
     _Atomic uint64_t remote_hint[(CLASS_COUNT + 63) / 64]; /* class got a remote free */
     _Atomic int in_slow;       /* inside a list update (fork safety) */
     int state;                 /* enum heap_state, under heaps_lock */
