@@ -25,13 +25,14 @@ void *hak_alloc_slow_size(size_t size, uintptr_t site)
     return large_alloc(size, 0, site);
 }
 
-/* Zeroed memory above the tiny sizes: a new large mapping is zero already. */
+/* Zeroed memory above the tiny sizes: large blocks clear only what needs
+ * it (a new mapping is zero already); slab blocks are cleared here. */
 void *hak_calloc_slow(size_t size, uintptr_t site)
 {
     hak_ensure_init();
-    if (!size_in_slabs(size))
-        return unlikely(size > PTRDIFF_MAX) ? fail_enomem() : large_alloc_zeroed(size, site);
-    void *p = hak_alloc_class(mid_class_of(size));
+    if (!size_in_slabs(size) && size <= PTRDIFF_MAX)
+        return large_alloc_zeroed(size, site);
+    void *p = hak_alloc_slow_size(size, site); /* a slab block, or NULL and ENOMEM */
     if (likely(p))
         memset(p, 0, size);
     return p;

@@ -78,9 +78,7 @@ uint64_t bigcache_collect(bool unmap)
                 evicted[n_evicted++] = e->slot[i], e->slot[i] = NULL;
                 continue;
             }
-            uint64_t due = purge_if_due(e->slot[i], now);
-            if (due && (!next_due || due < next_due))
-                next_due = due;
+            next_due = due_earlier(next_due, purge_if_due(e->slot[i], now));
         }
         pthread_mutex_unlock(&e->lock);
         for (unsigned i = 0; i < n_evicted; i++)

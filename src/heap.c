@@ -208,7 +208,7 @@ static void heap_release_slab(heap_t *heap, slab_t *s)
     if (s->span == 1 && heap->spare_count < HEAP_SPARE_SLABS)
         heap->spare[heap->spare_count++] = s;
     else
-        superslab_slab_release(heap, s, true);
+        superslab_slab_release(heap, s);
 }
 
 /* from's spares go back to their SuperSlabs, which heap owns (heap is from
@@ -216,7 +216,7 @@ static void heap_release_slab(heap_t *heap, slab_t *s)
 static void heap_release_spares(heap_t *heap, heap_t *from)
 {
     while (from->spare_count)
-        superslab_slab_release(heap, from->spare[--from->spare_count], true);
+        superslab_slab_release(heap, from->spare[--from->spare_count]);
 }
 
 /* A new slab for class c: a spare if the class fits one page, else pages
@@ -409,7 +409,7 @@ static void heap_keep_slab(heap_t *heap, slab_t *s)
 {
     slab_drain_remote(s);
     if (s->used == 0)
-        superslab_slab_release(heap, s, true);
+        superslab_slab_release(heap, s);
     else
         list_push_back(&heap->owned[s->class_idx], s);
 }

@@ -85,6 +85,9 @@ static inline unsigned class_of(size_t size)
 
 static inline bool class_is_tiny(unsigned c) { return c < TINY_CLASSES; }
 
+/* The earlier of two due times, 0 meaning none (the purge passes). */
+static inline uint64_t due_earlier(uint64_t a, uint64_t b) { return !a ? b : !b ? a : a < b ? a : b; }
+
 /* Whether a block of this size comes from a slab (else its own mapping). */
 #define size_in_slabs(size) ((size) <= hak_config.large_threshold && (size) <= SLAB_CLASS_MAX)
 
@@ -278,7 +281,7 @@ void heaps_totals(size_t *live, size_t *orphaned, uint64_t *slab_refills, uint64
 /* ---- SuperSlab pool ---------------------------------------------------- */
 
 slab_t *superslab_slab_acquire(heap_t *heap, unsigned c);
-void superslab_slab_release(heap_t *heap, slab_t *s, bool keep_last);
+void superslab_slab_release(heap_t *heap, slab_t *s);
 void slab_format(slab_t *s, heap_t *heap, unsigned c);
 void superslab_adopt_all(heap_t *heap, heap_t *from);
 void superslab_give_back_empty(heap_t *heap);

@@ -20,7 +20,7 @@ HAK_EXPORT void *calloc(size_t n, size_t size)
         return NULL;
     }
     if (likely(total <= TINY_MAX)) {
-        void *p = hak_alloc_class(hak_tiny_class_of[(total + 7) >> 3]);
+        void *p = hak_alloc(total, HAK_CALLER);
         if (likely(p))
             memset(p, 0, total);
         return p;

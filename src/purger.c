@@ -23,8 +23,7 @@ _Atomic bool hak_purger_start_wanted; /* deferred until the heap's lists are con
  * or 0 if nothing waits. */
 static uint64_t purge_pass(void)
 {
-    uint64_t a = superslab_purge(false), b = bigcache_collect(false);
-    return !a ? b : !b ? a : a < b ? a : b;
+    return due_earlier(superslab_purge(false), bigcache_collect(false));
 }
 
 static void sleep_ms(uint64_t ms)

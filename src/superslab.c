@@ -117,9 +117,9 @@ static void heap_unlink_superslab(heap_t *heap, superslab_t *ss)
     ss->heap = NULL;
 }
 
-/* Unmap the pooled SuperSlabs beyond the reserve, the oldest first: all
- * of them with force, else those empty for the purge delay. Returns when
- * the next one falls due, or 0. */
+/* Unmap the pooled SuperSlabs beyond the reserve (the pool is newest
+ * first, and the newest stay): all of them with force, else those empty
+ * for the purge delay. Returns when the next one falls due, or 0. */
 static uint64_t unmap_pool_beyond_reserve_locked(bool force, uint64_t now)
 {
     size_t keep = (size_t)hak_config.superslab_reserve;
@@ -129,8 +129,8 @@ static uint64_t unmap_pool_beyond_reserve_locked(bool force, uint64_t now)
         superslab_t *ss = *link;
         uint64_t due = ss->empty_since_ms + (uint64_t)hak_config.purge_delay_ms;
         if (i < keep || (!force && now < due)) {
-            if (i >= keep && (!next_due || due < next_due))
-                next_due = due;
+            if (i >= keep)
+                next_due = due_earlier(next_due, due);
             link = &ss->hnext;
             continue;
         }
@@ -212,14 +212,12 @@ uint64_t superslab_purge(bool force)
             uint64_t due = ss->dirty_since_ms + delay;
             if (force || now >= due)
                 superslab_purge_dirty(ss);
-            else if (!next_due || due < next_due)
-                next_due = due;
+            else
+                next_due = due_earlier(next_due, due);
         }
         pages_unlock(ss);
     }
-    uint64_t pool_due = unmap_pool_beyond_reserve_locked(force, now);
-    if (pool_due && (!next_due || pool_due < next_due))
-        next_due = pool_due;
+    next_due = due_earlier(next_due, unmap_pool_beyond_reserve_locked(force, now));
     pthread_mutex_unlock(&ss_lock);
     return next_due;
 }
@@ -292,9 +290,9 @@ void slab_format(slab_t *s, heap_t *heap, unsigned c)
 /* heap gives an empty slab's pages back to their SuperSlab. The pages stay
  * resident until the purge delay passes, so a slab freed and soon taken
  * again costs no page faults. A SuperSlab left empty goes back to the pool
- * unless it is the heap's last (keep_last), which saves the next refill a
- * trip through ss_lock. */
-void superslab_slab_release(heap_t *heap, slab_t *s, bool keep_last)
+ * unless it is the heap's last, which saves the next refill a trip through
+ * ss_lock (collect gives that one back too: superslab_give_back_empty). */
+void superslab_slab_release(heap_t *heap, slab_t *s)
 {
     superslab_t *ss = superslab_of(s);
     unsigned page = slab_head_page(s);
@@ -319,7 +317,7 @@ void superslab_slab_release(heap_t *heap, slab_t *s, bool keep_last)
         heap_unlink_superslab(heap, ss);
         heap_link_superslab(heap, ss);
     }
-    if (ss->free_pages == DATA_PAGES_MASK && !(keep_last && heap->superslabs == ss && !ss->hnext))
+    if (ss->free_pages == DATA_PAGES_MASK && !(heap->superslabs == ss && !ss->hnext))
         superslab_give_back(heap, ss);
     if (dirtied && hak_config.purge_delay_ms != 0)
         purger_notify();
