@@ -1,6 +1,10 @@
 /* The battle scenarios: json (64 KiB blocks), mir (256 KiB), vm (2 MiB),
- * mixed (the three interleaved with a small live set). One iteration
- * allocates, touches every page and frees. Each sample times a batch of
+ * mixed (the three interleaved with a small live set): one iteration
+ * allocates, touches every page and frees. buffers: one iteration takes a
+ * set of 8 buffers of 1.25..1.75 MiB from one call site, touches them and
+ * frees them all, as a decoder with its frames; it runs for about a
+ * second, long enough for a self-tuning policy to learn, where the others
+ * end within milliseconds. Each sample times a batch of
  * iterations (16, or 1 for vm) so that the clock's own cost and its
  * resolution (10 ns on some VMs) do not swamp the figure; we report the
  * median, P95 and P99 of the samples in ns per iteration, soft page faults
@@ -24,15 +28,16 @@ static void touch(char *p, size_t size, int value)
 int main(int argc, char **argv)
 {
     if (argc != 3)
-        return fprintf(stderr, "usage: battle json|mir|vm|mixed SAMPLES\n"), 2;
+        return fprintf(stderr, "usage: battle json|mir|vm|mixed|buffers SAMPLES\n"), 2;
     const char *name = argv[1];
     long samples = atol(argv[2]);
     static const size_t mixed_sizes[] = {64 << 10, 256 << 10, 2 << 20, 8 << 10, 100 << 10};
     size_t fixed = !strcmp(name, "json") ? 64 << 10 : !strcmp(name, "mir") ? 256 << 10
                  : !strcmp(name, "vm") ? 2 << 20 : 0;
-    if (!fixed && strcmp(name, "mixed"))
+    bool buffers = !strcmp(name, "buffers");
+    if (!fixed && strcmp(name, "mixed") && !buffers)
         return fprintf(stderr, "battle: unknown scenario %s\n", name), 2;
-    long batch = !strcmp(name, "vm") ? 1 : 16, iterations = samples * batch;
+    long batch = !strcmp(name, "vm") || buffers ? 1 : 16, iterations = samples * batch;
     double *ns = malloc(sizeof(double) * (size_t)samples);
     enum { LIVE = 8 };
     char *live[LIVE] = {0};
@@ -40,6 +45,17 @@ int main(int argc, char **argv)
     for (long s = 0, i = 0; s < samples; s++) {
         double t0 = now_ns();
         for (long end = i + batch; i < end; i++) {
+            if (buffers) {
+                char *frame[LIVE];
+                for (int k = 0; k < LIVE; k++) {
+                    size_t size = ((size_t)5 << 18) + (size_t)k * (64 << 10);
+                    frame[k] = malloc(size);
+                    touch(frame[k], size, (int)i);
+                }
+                for (int k = 0; k < LIVE; k++)
+                    free(frame[k]);
+                continue;
+            }
             size_t size = fixed ? fixed : mixed_sizes[i % 5];
             char *p = malloc(size);
             touch(p, size, (int)i);

@@ -46,7 +46,7 @@ def workloads(full, thread_counts):
         w.append(("tiny", f"{pattern} 16B", "tiny", [pattern, "16", str(4_000_000 * k)], ["mops"]))
     for size in [8, 16, 32, 64, 128, 256, 512, 1024]:
         w.append(("sweep", f"lifo {size}B", "tiny", ["lifo", str(size), str(3_000_000 * k)], ["mops"]))
-    battle_iters = {"json": 1000, "mir": 1000, "vm": 200 * (10 if full else 1), "mixed": 1000}
+    battle_iters = {"json": 1000, "mir": 1000, "vm": 200 * (10 if full else 1), "mixed": 1000, "buffers": 1500}
     for scenario, iters in battle_iters.items():
         w.append(("battle", scenario, "battle", [scenario, str(iters)],
                   ["median_ns", "p95_ns", "p99_ns", "faults_per_iter", "rss_mib", "bigcache_hit_pct"]))
@@ -115,10 +115,13 @@ def allocators(build, libdir):
     if not os.path.exists(hakmem):
         sys.exit(f"run.py: {hakmem} not found; build with `make release` first")
     found.append({"name": "hakmem", "version": hakmem_version(), "env": {"LD_PRELOAD": hakmem}})
+    # The self-tuning policy, where a policy can matter (the battle scenarios
+    # and RSS over time). A benchmark process lives seconds at most, so its
+    # windows are 50 ms instead of the default second.
+    found.append({"name": "hakmem-evolving", "version": hakmem_version() + " HAKMEM_MODE=evolving",
+                  "env": {"LD_PRELOAD": hakmem, "HAKMEM_MODE": "evolving", "HAKMEM_TUNE_WINDOW_MS": "50"},
+                  "groups": ("battle", "rss-time")})
     return found
-
-
-NOT_BUILT = ["hakmem-evolving: not built yet (the self-tuning policy, HAKMEM_MODE=evolving, is issue 6)"]
 
 
 def run_program(program, args, env):
@@ -180,18 +183,21 @@ def main():
     ap.add_argument("--no-callgrind", action="store_true")
     ap.add_argument("--threads", default="1,2,4", help="thread counts of the threads group (default 1,2,4)")
     ap.add_argument("--libdir", default=LIBDIR, help="where the competitors' libraries are")
-    ap.add_argument("--prewarm", action="store_true",
-                    help="also run hakmem with HAKMEM_PREWARM=1 (as hakmem-prewarm) to measure pre-warming")
+    ap.add_argument("--variant", action="append", default=[], metavar="NAME:VAR=VALUE[,VAR=VALUE...]",
+                    help="also run hakmem with these options, as hakmem-NAME (e.g. prewarm:HAKMEM_PREWARM=1, "
+                         "evolving:HAKMEM_MODE=evolving, noprofile:HAKMEM_PROFILE=0); repeatable")
     ap.add_argument("--out", default=os.path.join(ROOT, "results"))
     opts = ap.parse_args()
 
     build = os.path.abspath(opts.build)
     bench_dir = os.path.join(build, "bench")
     allocs = allocators(build, opts.libdir)
-    if opts.prewarm:
+    for variant in opts.variant:
+        name, _, assignments = variant.partition(":")
+        env = dict(kv.split("=", 1) for kv in assignments.split(",") if kv)
         hakmem = next(a for a in allocs if a["name"] == "hakmem")
-        allocs.append({"name": "hakmem-prewarm", "version": hakmem["version"] + " HAKMEM_PREWARM=1",
-                       "env": dict(hakmem["env"], HAKMEM_PREWARM="1")})
+        allocs.append({"name": "hakmem-" + name, "version": hakmem["version"] + " " + " ".join(
+            f"{k}={v}" for k, v in env.items()), "env": dict(hakmem["env"], **env)})
     thread_counts = [int(t) for t in opts.threads.split(",")]
     chosen = [w for w in workloads(opts.full, thread_counts)
               if not opts.only or re.search(opts.only, w[0] + " " + w[1])]
@@ -205,14 +211,17 @@ def main():
 
     samples = {}  # (group, name, alloc, metric) -> [values]
     max_runs = max(runs_for(w[0]) for w in chosen) if chosen else 0
-    total = sum(runs_for(w[0]) for w in chosen) * len(allocs)
+    def runs_in(group, a):
+        return group in a.get("groups", (group,))
+
+    total = sum(runs_for(w[0]) * sum(runs_in(w[0], a) for a in allocs) for w in chosen)
     done = 0
     for rnd in range(max_runs):
         for group, name, program, args, metrics in chosen:
             if rnd >= runs_for(group):
                 continue
             order = allocs[rnd % len(allocs):] + allocs[:rnd % len(allocs)]
-            for a in order:
+            for a in (a for a in order if runs_in(group, a)):
                 done += 1
                 print(f"\r[{done}/{total}] round {rnd + 1}: {group} {name} on {a['name']}\033[K",
                       end="", file=sys.stderr, flush=True)
@@ -224,7 +233,7 @@ def main():
 
     rows = [(g, n, a, m, statistics.median(v)) for (g, n, a, m), v in samples.items()]
     if not opts.no_callgrind and (not opts.only or re.search(opts.only, "instructions")):
-        rows += instruction_counts(bench_dir, allocs)
+        rows += instruction_counts(bench_dir, [a for a in allocs if "groups" not in a])
 
     # memory scaling fit: RSS delta = fixed + per_alloc * N
     for kind in ["16", "uniform"]:
@@ -272,8 +281,6 @@ def write_outputs(opts, allocs, rows, points):
     lines.append("")
     for a in allocs:
         lines.append(f"- {a['name']}: {a['version']}")
-    for note in NOT_BUILT:
-        lines.append(f"- {note}")
     lines.append("")
     ratio_cols = [c for c in ("mimalloc", "system") if c in names]
     header = "| group | workload | metric | " + " | ".join(names) + " | " + \

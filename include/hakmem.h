@@ -66,6 +66,10 @@ typedef struct hak_stats {
     size_t rss_bytes;          /* resident set size of the process */
     uint64_t page_faults_minor;
     uint64_t page_faults_major;
+    size_t large_threshold;    /* blocks above get their own mapping now (a tuner probe included) */
+    size_t tuner_threshold;    /* HAKMEM_MODE=evolving: the threshold the tuner chose */
+    uint64_t tuner_windows;    /* windows judged so far */
+    uint64_t tuner_moves;      /* threshold moves made */
 } hak_stats_t;
 
 /* Fill *out with a snapshot (figures of other threads may be a moment old). */
@@ -73,6 +77,50 @@ void hak_stats_get(hak_stats_t *out);
 
 /* Print the statistics report (what HAKMEM_STATS=1 prints at exit). */
 void hak_stats_print(FILE *out);
+
+/* The same report as one JSON object, for tools. */
+void hak_stats_print_json(FILE *out);
+
+/* Key performance indicators. Latencies come from sampled allocations
+ * (one in HAKMEM_PROFILE_SAMPLE per thread, timed with the CPU's tick
+ * counter, the timer's own cost included); none without profiling. */
+typedef struct hak_kpi {
+    uint64_t latency_samples;
+    double latency_mean_ns;
+    double latency_p50_ns;
+    double latency_p95_ns;
+    double latency_p99_ns;
+    uint64_t page_faults_minor; /* soft faults of the process */
+    uint64_t page_faults_major; /* hard faults */
+    size_t rss_bytes;           /* resident set now */
+    size_t rss_peak_bytes;      /* and at most */
+} hak_kpi_t;
+
+/* Fill *out; returns 0. */
+int hak_get_kpi(hak_kpi_t *out);
+
+/* One call site: a return address of a malloc-family call. Counts and
+ * bytes of slab-sized allocations are estimated from samples (each stands
+ * for the allocations since the previous one); large blocks are counted
+ * exactly. */
+typedef struct hak_site {
+    void *address;              /* NULL: the shared bucket of sites the table had no room for */
+    uint64_t allocs;
+    uint64_t bytes;             /* asked for */
+    uint64_t live_bytes;        /* allocated and not yet freed */
+    uint64_t samples;           /* recorded allocations */
+    size_t min_size, max_size;  /* of the recorded ones */
+    uint64_t lifetimes;         /* recorded frees */
+    double lifetime_median_ns;
+    uint64_t large_allocs;      /* blocks above the large threshold */
+    uint64_t bigcache_hits;     /* of which BigCache served */
+    bool no_bigcache;           /* site rule: BigCache off (after no_bigcache_evidence allocations without a hit) */
+    bool prewarm;               /* site rule: pages faulted in at once (blocks prewarm_evidence % touched) */
+    uint64_t no_bigcache_evidence, prewarm_evidence;
+} hak_site_t;
+
+/* Copy up to max sites into out (in table order); returns how many. */
+size_t hak_sites_get(hak_site_t *out, size_t max);
 
 /* Print the option table: name, type, default, meaning; tab-separated. */
 void hak_options_print(FILE *out);

@@ -19,10 +19,10 @@ void *hak_alloc_slow_size(size_t size, uintptr_t site)
 {
     hak_ensure_init(); /* the threshold is an option */
     if (size_in_slabs(size))
-        return hak_alloc_class(mid_class_of(size));
+        return hak_alloc_class(mid_class_of(size), size, site);
     if (unlikely(size > PTRDIFF_MAX))
         return fail_enomem();
-    return large_alloc(size, 0, site);
+    return large_alloc(size, 0, site, 1);
 }
 
 /* Zeroed memory above the tiny sizes: large blocks clear only what needs
@@ -50,6 +50,8 @@ void hak_free_slow(void *p, const char *op)
         large_free(p, op);
     } else if (kind == SEG_SUPERSLAB)
         hak_free_irregular(slab_of(superslab_of(p), p), p, op);
+    else if (kind == SEG_SAMPLED)
+        sample_free(p, op);
     else
         hak_report_bad_pointer(op, p, "pointer not allocated by hakmem (foreign, stack or global memory, or already freed)");
 }
@@ -131,6 +133,8 @@ size_t hak_usable_size_checked(const void *p, const char *op)
     }
     if (kind == SEG_LARGE_HEAD || kind == SEG_LARGE_INTERIOR)
         return large_usable_size(p, op);
+    if (kind == SEG_SAMPLED)
+        return sample_usable_size(p, op);
     hak_report_bad_pointer(op, p, "pointer not allocated by hakmem (foreign, stack or global memory, or already freed)");
     return 0;
 }
@@ -181,10 +185,10 @@ void *hak_alloc_aligned(size_t align, size_t size, uintptr_t site)
     if (align <= SLAB_PAGE_SIZE && size_in_slabs(natural)) {
         unsigned c = class_of(natural);
         if (hak_class_size[c] % align == 0)
-            return hak_alloc_class(c);
+            return hak_alloc_class(c, size, site);
         size_t padded = size + align - 16; /* blocks above 8 B are 16-aligned */
         if (size_in_slabs(padded)) {
-            char *b = hak_alloc(padded, site);
+            char *b = hak_alloc(padded, 0); /* not tracked: the block would be freed from inside */
             if (!b)
                 return NULL;
             char *aligned = (char *)(((uintptr_t)b + align - 1) & ~(uintptr_t)(align - 1));
@@ -193,5 +197,5 @@ void *hak_alloc_aligned(size_t align, size_t size, uintptr_t site)
             return aligned;
         }
     }
-    return large_alloc(size, align, site);
+    return large_alloc(size, align, site, 1);
 }

@@ -5,26 +5,30 @@
 
 #include "internal.h"
 
-/* Pop a block of class c from the calling thread's cache. */
-static inline void *hak_alloc_class(unsigned c)
+/* Pop a block of class c from the calling thread's cache; one allocation
+ * in HAKMEM_PROFILE_SAMPLE is a sample (sample.c). size and site are what
+ * the program asked for and where from (site 0: never tracked). */
+static inline void *hak_alloc_class(unsigned c, size_t size, uintptr_t site)
 {
     heap_t *heap = heap_get();
     void *b = heap->cache[c];
     if (likely(b != NULL)) {
         heap->cache[c] = *(void **)b;
-        return b;
+        if (likely(--heap->sample_left != 0))
+            return b;
+        return sample_fast_hit(heap, c, b, size, site);
     }
-    return heap_alloc_slow(heap, c);
+    return heap_alloc_slow(heap, c, size, site);
 }
 
-/* The caller of the exported entry point: the call site, which the large
- * tier keys BigCache on. */
+/* The caller of the exported entry point: the call site, which profiling
+ * charges and the large tier keys BigCache on. */
 #define HAK_CALLER ((uintptr_t)__builtin_return_address(0))
 
 static inline void *hak_alloc(size_t size, uintptr_t site)
 {
     if (likely(size <= TINY_MAX))
-        return hak_alloc_class(hak_tiny_class_of[(size + 7) >> 3]);
+        return hak_alloc_class(hak_tiny_class_of[(size + 7) >> 3], size, site);
     return hak_alloc_slow_size(size, site);
 }
 

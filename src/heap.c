@@ -385,13 +385,15 @@ static bool heap_refill(heap_t *heap, unsigned c)
     }
 }
 
-void *heap_alloc_slow(heap_t *heap, unsigned c)
+void *heap_alloc_slow(heap_t *heap, unsigned c, size_t size, uintptr_t site)
 {
     if (unlikely(heap == &hak_empty_heap)) {
         heap = heap_thread_init();
         if (!heap)
             return NULL;
     }
+    bool sampled = --heap->sample_left <= 0;
+    uint64_t start = sampled ? hak_ticks() : 0;
     heap_enter_lists(heap);
     void *b = NULL;
     if (heap_refill(heap, c)) {
@@ -399,6 +401,13 @@ void *heap_alloc_slow(heap_t *heap, unsigned c)
         heap->cache[c] = *(void **)b;
     }
     heap_leave_lists(heap);
+    if (unlikely(sampled) && b)
+        return sample_take(heap, c, b, size, site, hak_ticks() - start);
+    /* The tuner's clock ticks at samples, large calls and one refill in
+     * 64 or so (the countdown's low bits: reading the time at every
+     * refill cost json 15 ns per iteration). */
+    if (unlikely(hak_config.mode == MODE_EVOLVING) && !(heap->sample_left & 63))
+        learn_tick();
     return b;
 }
 
@@ -515,6 +524,7 @@ heap_t *heap_thread_init(void)
     pthread_mutex_unlock(&heaps_lock);
     if (!h)
         return NULL;
+    sample_heap_init(h);
     hak_tl_heap = h;
     if (atomic_load_explicit(&heap_key_ready, memory_order_acquire))
         pthread_setspecific(heap_key, h);
@@ -602,6 +612,19 @@ void heaps_totals(size_t *live, size_t *orphaned, uint64_t *slab_refills, uint64
 #endif
     }
     pthread_mutex_unlock(&heaps_lock);
+}
+
+/* Slab-sized allocations of every thread so far: each heap's completed
+ * sampling intervals plus the part of the current one it has used (read
+ * without the owners' cooperation: a moment old). */
+uint64_t heaps_allocations(void)
+{
+    uint64_t total = 0;
+    pthread_mutex_lock(&heaps_lock);
+    for (heap_t *h = all_heaps; h; h = h->next_all)
+        total += h->sampled_allocs + (uint64_t)(h->sample_interval - h->sample_left);
+    pthread_mutex_unlock(&heaps_lock);
+    return total;
 }
 
 /* ---- fork ------------------------------------------------------------------------ */

@@ -46,6 +46,7 @@ enum seg_kind {
     SEG_SUPERSLAB = 1,      /* a SuperSlab header is at the chunk start */
     SEG_LARGE_HEAD = 2,     /* a large block's header is at the chunk start */
     SEG_LARGE_INTERIOR = 3, /* inside a large mapping; header in an earlier chunk */
+    SEG_SAMPLED = 4,        /* a chunk of the sample arena (sample.c) */
 };
 
 /* ---- Size classes ------------------------------------------------------ */
@@ -89,7 +90,7 @@ static inline bool class_is_tiny(unsigned c) { return c < TINY_CLASSES; }
 static inline uint64_t due_earlier(uint64_t a, uint64_t b) { return !a ? b : !b ? a : a < b ? a : b; }
 
 /* Whether a block of this size comes from a slab (else its own mapping). */
-#define size_in_slabs(size) ((size) <= hak_config.large_threshold && (size) <= SLAB_CLASS_MAX)
+#define size_in_slabs(size) ((size) <= hak_large_threshold() && (size) <= SLAB_CLASS_MAX)
 
 /* ---- Slabs and SuperSlabs ---------------------------------------------- */
 
@@ -250,6 +251,10 @@ typedef struct heap {
     slab_t *spare[HEAP_SPARE_SLABS]; /* empty one-page slabs, ready for any class */
     unsigned spare_count;
     _Atomic uint64_t remote_hint[(CLASS_COUNT + 63) / 64]; /* class got a remote free */
+    long sample_left;          /* allocations until the next sample (sample.c) */
+    long sample_interval;      /* the interval sample_left counts down from */
+    uint64_t sampled_allocs;   /* allocations of the intervals completed */
+    uint64_t sample_rng;       /* xorshift state drawing the sampling intervals */
     _Atomic int in_slow;       /* inside a list update (fork safety) */
     int state;                 /* enum heap_state, under heaps_lock */
     struct heap *next_all;     /* registry of every heap ever made */
@@ -265,7 +270,7 @@ extern HAK_TLS heap_t *hak_tl_heap;
 
 static inline heap_t *heap_get(void) { return hak_tl_heap; }
 
-void *heap_alloc_slow(heap_t *heap, unsigned c);
+void *heap_alloc_slow(heap_t *heap, unsigned c, size_t size, uintptr_t site);
 heap_t *heap_thread_init(void);
 void heap_slab_emptied(heap_t *heap, slab_t *s);
 void heap_slab_mark_aligned(slab_t *s);
@@ -277,6 +282,7 @@ void heaps_fork_parent(void);
 void heaps_fork_child(void);
 void heaps_process_init(void);
 void heaps_totals(size_t *live, size_t *orphaned, uint64_t *slab_refills, uint64_t *counters);
+uint64_t heaps_allocations(void);
 
 /* ---- SuperSlab pool ---------------------------------------------------- */
 
@@ -306,6 +312,12 @@ void purger_fork_child(void);
 typedef struct large_hdr {
     uint32_t magic;
     uint32_t purged;       /* cached and its pages given back */
+    uint32_t weight;       /* allocations it stands for in the site table (sample.c) */
+    uint32_t site_rules;   /* the site's rules when it was allocated (enum site_rule) */
+    uint32_t site_index;   /* in the site table */
+    uint32_t fresh;        /* its pages were new or purged when handed out */
+    size_t size;           /* the size asked for */
+    uint64_t born;         /* hak_ticks() at allocation: lifetimes */
     char *map_base;        /* the whole mapping */
     size_t map_size;
     char *user;            /* the pointer handed out */
@@ -314,11 +326,11 @@ typedef struct large_hdr {
     uint64_t cached_at_ms; /* when BigCache took it */
 } large_hdr_t;
 
-#define LARGE_HEADER_SIZE 64
+#define LARGE_HEADER_SIZE 128
 
 extern _Atomic uint64_t hak_large_allocs;
 
-void *large_alloc(size_t size, size_t align, uintptr_t site);
+void *large_alloc(size_t size, size_t align, uintptr_t site, uint32_t weight);
 void *large_alloc_zeroed(size_t size, uintptr_t site);
 void large_unmap(large_hdr_t *h);
 void large_free(void *p, const char *op);
@@ -353,6 +365,8 @@ void hak_free_irregular(slab_t *s, void *p, const char *op);
 
 enum on_error { ON_ERROR_ABORT, ON_ERROR_WARN };
 enum purge_advice { PURGE_DONTNEED, PURGE_FREE };
+enum stats_format { STATS_OFF, STATS_TEXT, STATS_JSON };
+enum tune_mode { MODE_BASELINE, MODE_EVOLVING };
 
 typedef struct hak_config {
     int on_error;             /* enum on_error */
@@ -365,12 +379,110 @@ typedef struct hak_config {
     long bigcache_sites;      /* 0: no BigCache */
     long bigcache_slots;
     size_t bigcache_max_block;
-    bool stats;
+    bool profile;
+    long profile_sample;      /* mean allocations between samples */
+    bool site_rules;
+    int mode;                 /* enum tune_mode */
+    long tune_window_ms;
+    long tune_cooldown_s;
+    long tune_seed;           /* 0: seeded from the clock */
+    int stats;                /* enum stats_format */
     bool verbose;
 } hak_config_t;
 
 extern hak_config_t hak_config;
 void options_init(void);
+
+/* The tuner moves the threshold while other threads read it. */
+static inline size_t hak_large_threshold(void)
+{
+    return __atomic_load_n(&hak_config.large_threshold, __ATOMIC_RELAXED);
+}
+
+/* ---- Clock for sampled timings and lifetimes (kpi.c) ------------------ */
+
+/* A cheap monotonic tick: the TSC on x86-64, the virtual counter on
+ * aarch64, nanoseconds elsewhere. kpi.c converts ticks to nanoseconds. */
+static inline uint64_t hak_ticks(void)
+{
+#if defined(__x86_64__)
+    uint32_t lo, hi;
+    __asm__ volatile("rdtsc" : "=a"(lo), "=d"(hi));
+    return ((uint64_t)hi << 32) | lo;
+#elif defined(__aarch64__)
+    uint64_t v;
+    __asm__ volatile("mrs %0, cntvct_el0" : "=r"(v));
+    return v;
+#else
+    uint64_t os_now_ns(void);
+    return os_now_ns();
+#endif
+}
+
+/* ---- Sampling, call sites, KPIs, tuner ----------------------------------- */
+
+/* Per-site decisions (HAKMEM_SITE_RULES), carried by each large block. */
+enum site_rule {
+    RULE_NO_BIGCACHE = 1, /* freed blocks are unmapped, not cached */
+    RULE_PREWARM = 2,     /* new or purged blocks are faulted in at once */
+};
+
+/* sample.c: the sampled allocation path and the sample arena. */
+void sample_heap_init(heap_t *heap);
+void *sample_take(heap_t *heap, unsigned c, void *b, size_t size, uintptr_t site, uint64_t ticks);
+void *sample_fast_hit(heap_t *heap, unsigned c, void *b, size_t size, uintptr_t site);
+void sample_free(void *p, const char *op);
+size_t sample_usable_size(const void *p, const char *op);
+bool sample_owns(const void *p);
+void sample_collect(void);
+void sample_fork_prepare(void);
+void sample_fork_parent(void);
+void sample_fork_child(void);
+
+/* site.c: the call-site table. Returns the site's index (or the shared
+ * overflow bucket's). */
+unsigned site_record_alloc(uintptr_t site, size_t size, uint32_t weight, bool tracked);
+void site_record_free(unsigned index, size_t size, uint32_t weight, uint64_t lifetime_ticks);
+void site_record_resize(unsigned index, size_t old_size, size_t new_size, uint32_t weight);
+void site_record_large(unsigned index, bool bigcache_hit);
+void site_record_touched(unsigned index, size_t resident, size_t size);
+uint32_t site_rules_of(unsigned index);
+bool site_wants_touch(unsigned index);
+unsigned site_index_of(uintptr_t site);
+
+/* kpi.c */
+void kpi_init(void);
+void kpi_record_latency(uint64_t ticks, uint64_t weight);
+double kpi_ns_per_tick(void);
+void kpi_window_counters(uint64_t *latency_ticks, uint64_t *allocations);
+void kpi_count_large_call(void);
+unsigned kpi_bucket_of(uint64_t ticks);
+double kpi_hist_percentile(const uint64_t *hist, unsigned buckets, double q);
+
+/* learn.c: the UCB1 tuner of the large threshold (HAKMEM_MODE=evolving).
+ * The decision rule works on a tuner_t alone, so that a test can feed it
+ * rewards and check where it goes. */
+#define TUNER_ARMS 6
+#define TUNER_WIN_MARGIN 1.08 /* a probed arm must beat the current one by 8% ... */
+#define TUNER_WIN_STREAK 3    /* ... in this many windows in a row */
+
+typedef struct tuner {
+    int current;              /* the arm in force */
+    int probe;                /* the neighbour being tried, or -1 */
+    int streak;               /* windows in a row the probe has won */
+    uint64_t trials[TUNER_ARMS];
+    double reward_sum[TUNER_ARMS];
+    uint64_t windows, moves;
+    uint64_t cooldown_ms, cooldown_until_ms;
+    uint64_t rng;
+} tuner_t;
+
+extern const size_t tuner_arm_threshold[TUNER_ARMS];
+void tuner_start(tuner_t *t, int arm, uint64_t cooldown_ms, uint64_t seed);
+int tuner_decide(tuner_t *t, int arm_ran, double reward, uint64_t now_ms);
+void learn_tick(void);
+void learn_snapshot(tuner_t *out);
+void learn_fork_child(void);
 
 /* ---- Process init (init.c) --------------------------------------------- */
 
@@ -394,6 +506,9 @@ void os_purge(void *p, size_t size);
 void os_prefault(void *p, size_t size);
 size_t os_page_size(void);
 uint64_t os_now_ms(void);
+uint64_t os_now_ns(void);
+size_t os_resident_bytes(const void *p, size_t size);
+size_t os_rss_peak_bytes(void);
 void os_write_stderr(const char *s, size_t n);
 size_t os_rss_bytes(void);
 void os_page_faults(uint64_t *minor, uint64_t *major);

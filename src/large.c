@@ -16,39 +16,67 @@ static size_t page_round(size_t n)
     return (n + page - 1) & ~(page - 1);
 }
 
+/* A block handed out: charged to its site (every large call is recorded;
+ * weight > 1 marks a sampled slab-sized allocation served here), timed,
+ * given the site's rules, and pre-warmed if its pages are not resident. */
+static void *large_born(large_hdr_t *h, size_t size, uintptr_t site, uint32_t weight, bool fresh, bool cache_hit,
+                        uint64_t start)
+{
+    h->size = size;
+    h->weight = weight;
+    h->fresh = fresh;
+    h->site_rules = 0;
+    if (hak_config.profile) {
+        h->site_index = site_record_alloc(site, size, weight, true);
+        h->site_rules = site_rules_of(h->site_index);
+        if (weight == 1) {
+            site_record_large(h->site_index, cache_hit);
+            kpi_count_large_call();
+        }
+    }
+    if (fresh && (hak_config.prewarm || (h->site_rules & RULE_PREWARM)))
+        os_prefault(h->user, h->usable);
+    h->born = hak_ticks();
+    if (hak_config.profile && weight == 1) {
+        kpi_record_latency(h->born - start, 1);
+        learn_tick();
+    }
+    return h->user;
+}
+
 /* A block BigCache kept for site, or NULL. Its pages hold old contents
  * unless they were purged with MADV_DONTNEED (*zeroed tells). */
-static void *large_reuse(uintptr_t site, size_t size, bool *zeroed)
+static void *large_reuse(size_t size, uintptr_t site, uint32_t weight, bool *zeroed, uint64_t start)
 {
     large_hdr_t *h = bigcache_take(site, size);
     if (!h)
         return NULL;
     h->magic = LARGE_MAGIC;
     *zeroed = h->purged && hak_config.purge_advice == PURGE_DONTNEED;
-    if (h->purged && hak_config.prewarm)
-        os_prefault(h->user, h->usable);
-    return h->user;
+    return large_born(h, size, site, weight, h->purged, true, start);
 }
 
-static void *large_map(size_t size, size_t align, uintptr_t site);
+static void *large_map(size_t size, size_t align, uintptr_t site, uint32_t weight, uint64_t start);
 
 /* align is 0 or a power of two. */
-void *large_alloc(size_t size, size_t align, uintptr_t site)
+void *large_alloc(size_t size, size_t align, uintptr_t site, uint32_t weight)
 {
     hak_ensure_init();
+    uint64_t start = hak_ticks();
     bool zeroed;
-    void *p = align <= LARGE_HEADER_SIZE ? large_reuse(site, size, &zeroed) : NULL;
-    return p ? p : large_map(size, align, site);
+    void *p = align <= LARGE_HEADER_SIZE ? large_reuse(size, site, weight, &zeroed, start) : NULL;
+    return p ? p : large_map(size, align, site, weight, start);
 }
 
 /* calloc: a reused block is cleared unless its pages were given back; a
  * new mapping is zero already. */
 void *large_alloc_zeroed(size_t size, uintptr_t site)
 {
+    uint64_t start = hak_ticks();
     bool zeroed;
-    void *p = large_reuse(site, size, &zeroed);
+    void *p = large_reuse(size, site, 1, &zeroed, start);
     if (!p)
-        return large_map(size, 0, site);
+        return large_map(size, 0, site, 1, start);
     if (!zeroed)
         memset(p, 0, size);
     return p;
@@ -57,7 +85,7 @@ void *large_alloc_zeroed(size_t size, uintptr_t site)
 /* A new mapping. Alignments below 2 MiB place the block at an aligned
  * offset inside the header chunk; larger ones map an extra chunk for the
  * header right before the aligned block. */
-static void *large_map(size_t size, size_t align, uintptr_t site)
+static void *large_map(size_t size, size_t align, uintptr_t site, uint32_t weight, uint64_t start)
 {
     size_t offset = align > LARGE_HEADER_SIZE ? align : LARGE_HEADER_SIZE;
     bool header_chunk_apart = offset >= SS_SIZE;
@@ -83,9 +111,7 @@ static void *large_map(size_t size, size_t align, uintptr_t site)
     h->site = site;
     segmap_set(base, map_size, SEG_LARGE_HEAD);
     atomic_fetch_add_explicit(&hak_large_allocs, 1, memory_order_relaxed);
-    if (hak_config.prewarm)
-        os_prefault(h->user, h->usable);
-    return h->user;
+    return large_born(h, size, site, weight, true, false, start);
 }
 
 /* The header of the large mapping that contains p, or NULL. */
@@ -131,13 +157,32 @@ void large_unmap(large_hdr_t *h)
     os_unmap(base, size);
 }
 
-/* Freed blocks with the plain layout go to BigCache when it takes them. */
+/* The site learns the block's lifetime and, while its rules are being
+ * drawn, how much of a new block the program touched. */
+static void large_died(large_hdr_t *h)
+{
+    if (!hak_config.profile)
+        return;
+    site_record_free(h->site_index, h->size, h->weight, hak_ticks() - h->born);
+    if (h->fresh && h->weight == 1 && site_wants_touch(h->site_index)) {
+        size_t page = os_page_size();
+        char *first = (char *)(((uintptr_t)h->user + page - 1) & ~(uintptr_t)(page - 1));
+        char *end = h->user + h->size;
+        if (end > first + page)
+            site_record_touched(h->site_index, os_resident_bytes(first, (size_t)(end - first)),
+                                (size_t)(end - first));
+    }
+}
+
+/* Freed blocks with the plain layout go to BigCache when it takes them
+ * (unless a site rule says the site's blocks are never reused). */
 void large_free(void *p, const char *op)
 {
     large_hdr_t *h = large_header_checked(p, op);
     if (!h)
         return;
-    if (h->user == h->map_base + LARGE_HEADER_SIZE) {
+    large_died(h);
+    if (h->user == h->map_base + LARGE_HEADER_SIZE && !(h->site_rules & RULE_NO_BIGCACHE)) {
         h->magic = LARGE_MAGIC_CACHED;
         if (bigcache_put(h))
             return;
@@ -149,6 +194,14 @@ size_t large_usable_size(const void *p, const char *op)
 {
     large_hdr_t *h = large_header_checked(p, op);
     return h ? h->usable : 0;
+}
+
+/* The site holds the new size. */
+static void large_resized(large_hdr_t *h, size_t size)
+{
+    if (hak_config.profile)
+        site_record_resize(h->site_index, h->size, size, h->weight);
+    h->size = size;
 }
 
 /* Grow or shrink in place when the mapping allows, else move the pages
@@ -166,8 +219,10 @@ void *large_realloc(void *p, size_t size)
         return NULL;
     }
     size_t new_map = page_round(offset + size);
-    if (new_map == h->map_size)
+    if (new_map == h->map_size) {
+        large_resized(h, size);
         return p;
+    }
     char *base = h->map_base;
     size_t old_map = h->map_size;
     if (new_map < old_map) {
@@ -190,5 +245,6 @@ void *large_realloc(void *p, size_t size)
     h->user = base + offset;
     h->usable = new_map - offset;
     segmap_set(base, new_map, SEG_LARGE_HEAD);
+    large_resized(h, size);
     return h->user;
 }

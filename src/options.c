@@ -20,6 +20,11 @@ hak_config_t hak_config = {
     .bigcache_sites = 64,
     .bigcache_slots = 4,
     .bigcache_max_block = (size_t)64 << 20,
+    .profile = true,
+    .profile_sample = 4096,
+    .mode = MODE_BASELINE,
+    .tune_window_ms = 1000,
+    .tune_cooldown_s = 180,
 };
 
 enum option_type { OPT_BOOL, OPT_INT, OPT_SIZE, OPT_CHOICE };
@@ -31,7 +36,7 @@ typedef struct option {
     const char *meaning;
     void *target;         /* int for BOOL/CHOICE, long for INT, size_t for SIZE */
     long min, max;        /* INT and SIZE bounds */
-    const char *choices[3]; /* CHOICE: value i is choices[i] */
+    const char *choices[4]; /* CHOICE: value i is choices[i] */
 } option_t;
 
 static option_t options[] = {
@@ -65,9 +70,30 @@ static option_t options[] = {
     {"HAKMEM_BIGCACHE_MAX_BLOCK", OPT_SIZE, "64M",
      "Largest mapping BigCache keeps; bigger blocks are unmapped when freed.",
      &hak_config.bigcache_max_block, 1 << 20, (long)1 << 40, {0}},
-    {"HAKMEM_STATS", OPT_BOOL, "0",
-     "Print the statistics report on stderr at exit.",
-     &hak_config.stats, 0, 1, {0}},
+    {"HAKMEM_PROFILE", OPT_BOOL, "1",
+     "Call-site profiling and latency KPIs (sampled slab-sized allocations, every large one); 0 turns them off.",
+     &hak_config.profile, 0, 1, {0}},
+    {"HAKMEM_PROFILE_SAMPLE", OPT_INT, "4096",
+     "Mean number of slab-sized allocations per thread between two samples (each interval drawn uniformly from half to one and a half times this).",
+     &hak_config.profile_sample, 2, 1 << 24, {0}},
+    {"HAKMEM_SITE_RULES", OPT_BOOL, "0",
+     "Per-site rules drawn from the profile: BigCache off for a site whose first 16 large blocks got no hit, pre-warm for a site whose first 8 new blocks were at least 90% touched.",
+     &hak_config.site_rules, 0, 1, {0}},
+    {"HAKMEM_MODE", OPT_CHOICE, "baseline",
+     "Policy: baseline keeps HAKMEM_LARGE_THRESHOLD; evolving lets the UCB1 tuner move it (64K..2M) from measured KPIs, starting there.",
+     &hak_config.mode, 0, 0, {"baseline", "evolving", NULL}},
+    {"HAKMEM_TUNE_WINDOW_MS", OPT_INT, "1000",
+     "Length of one tuner window: the KPIs of each window are one reward for the arm it ran.",
+     &hak_config.tune_window_ms, 1, 3600000, {0}},
+    {"HAKMEM_TUNE_COOLDOWN_S", OPT_INT, "180",
+     "After the tuner moves the threshold, seconds before it may probe or move again.",
+     &hak_config.tune_cooldown_s, 0, 86400, {0}},
+    {"HAKMEM_TUNE_SEED", OPT_INT, "0",
+     "Seed of the tuner's and the sampler's random choices, for reproducible runs; 0 seeds the tuner from the clock.",
+     &hak_config.tune_seed, 0, (long)1 << 40, {0}},
+    {"HAKMEM_STATS", OPT_CHOICE, "0",
+     "Print the statistics report on stderr at exit: 1 as text, json as one JSON object.",
+     &hak_config.stats, 0, 0, {"0", "1", "json", NULL}},
     {"HAKMEM_VERBOSE", OPT_BOOL, "0",
      "Log decisions (SuperSlab maps and unmaps, purges, orphaned heaps) on stderr.",
      &hak_config.verbose, 0, 1, {0}},

@@ -6,6 +6,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <string.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
 #include <time.h>
@@ -140,6 +141,30 @@ uint64_t os_now_ms(void)
     return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
 }
 
+uint64_t os_now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+/* Bytes of [p, p + size) resident now (mincore), p page-aligned. */
+size_t os_resident_bytes(const void *p, size_t size)
+{
+    int saved = errno;
+    size_t page = os_page_size(), resident = 0;
+    unsigned char vec[256];
+    for (size_t off = 0; off < size; off += sizeof vec * page) {
+        size_t len = size - off < sizeof vec * page ? size - off : sizeof vec * page;
+        if (mincore((char *)p + off, len, vec) != 0)
+            break;
+        for (size_t i = 0; i < (len + page - 1) / page; i++)
+            resident += vec[i] & 1;
+    }
+    errno = saved;
+    return resident * page;
+}
+
 void os_write_stderr(const char *s, size_t n)
 {
     int saved = errno;
@@ -157,18 +182,26 @@ void os_write_stderr(const char *s, size_t n)
 }
 
 /* Resident set size now, from /proc/self/statm (second field, in pages). */
-size_t os_rss_bytes(void)
+/* Read a /proc file into buf (NUL-terminated); its length, 0 on failure. */
+static size_t read_proc(const char *path, char *buf, size_t size)
 {
     int saved = errno;
-    char buf[128];
-    int fd = open("/proc/self/statm", O_RDONLY | O_CLOEXEC);
-    ssize_t n = fd >= 0 ? read(fd, buf, sizeof buf - 1) : -1;
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    ssize_t n = fd >= 0 ? read(fd, buf, size - 1) : -1;
     if (fd >= 0)
         close(fd);
     errno = saved;
     if (n <= 0)
         return 0;
     buf[n] = 0;
+    return (size_t)n;
+}
+
+size_t os_rss_bytes(void)
+{
+    char buf[128];
+    if (!read_proc("/proc/self/statm", buf, sizeof buf))
+        return 0;
     const char *s = buf;
     while (*s && *s != ' ')
         s++;
@@ -178,6 +211,24 @@ size_t os_rss_bytes(void)
     while (*s >= '0' && *s <= '9')
         pages = pages * 10 + (size_t)(*s++ - '0');
     return pages * os_page_size();
+}
+
+/* The peak resident set (VmHWM in /proc/self/status). */
+size_t os_rss_peak_bytes(void)
+{
+    char buf[2048];
+    if (!read_proc("/proc/self/status", buf, sizeof buf))
+        return 0;
+    const char *s = strstr(buf, "VmHWM:");
+    if (!s)
+        return 0;
+    s += 6;
+    while (*s == ' ' || *s == '\t')
+        s++;
+    size_t kib = 0;
+    while (*s >= '0' && *s <= '9')
+        kib = kib * 10 + (size_t)(*s++ - '0');
+    return kib << 10;
 }
 
 void os_page_faults(uint64_t *minor, uint64_t *major)

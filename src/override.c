@@ -127,7 +127,7 @@ HAK_EXPORT bool hak_owns(const void *p)
         large_hdr_t *h = large_header_of(p);
         return h && h->magic == LARGE_MAGIC && (const char *)p >= h->user && (const char *)p < h->user + h->usable;
     }
-    return false;
+    return kind == SEG_SAMPLED && sample_owns(p);
 }
 
 HAK_EXPORT void hak_collect(bool force)
@@ -137,6 +137,7 @@ HAK_EXPORT void hak_collect(bool force)
     heaps_collect_orphans();
     superslab_purge(force);
     bigcache_collect(force);
+    sample_collect();
 }
 
 HAK_EXPORT int hak_tiny_class_count(void) { return TINY_CLASSES; }

@@ -12,7 +12,7 @@ cmake --install "$build" --prefix "$work/prefix" >/dev/null
 prefix=$work/prefix
 libdir=$(dirname "$(find "$prefix" -name libhakmem.so | head -1)")
 for f in "$prefix/include/hakmem.h" "$libdir/libhakmem.a" "$libdir/pkgconfig/hakmem.pc" \
-         "$libdir/cmake/hakmem/hakmemConfig.cmake"; do
+         "$libdir/cmake/hakmem/hakmemConfig.cmake" "$prefix/bin/hakmem"; do
   [ -e "$f" ] || { echo "install: missing $f"; exit 1; }
 done
 cat >"$work/app.c" <<'C'
@@ -54,4 +54,6 @@ cmake -S "$work/proj" -B "$work/proj/build" -DCMAKE_PREFIX_PATH="$prefix" \
   -DCMAKE_C_FLAGS="${2:+-fsanitize=$2}" -DCMAKE_EXE_LINKER_FLAGS="${2:+-fsanitize=$2}" >/dev/null
 cmake --build "$work/proj/build" >/dev/null
 LD_LIBRARY_PATH=$libdir "$work/proj/build/app" | grep -q served-by-hakmem
-echo "install: 4 passed, 0 failed"
+# the installed launcher finds the installed library
+"$prefix/bin/hakmem" report -- true 2>&1 | grep -q '^hakmem .* report'
+echo "install: 5 passed, 0 failed"

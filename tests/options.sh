@@ -26,7 +26,9 @@ warn_of() { # env assignment, expected warning text
 warn_of HAKMEM_ON_ERROR=maybe "hakmem: warning: bad option value: HAKMEM_ON_ERROR=maybe is not one of abort, warn"
 warn_of HAKMEM_LARGE_THRESHOLD=300K "HAKMEM_LARGE_THRESHOLD=300K is not a power of two"
 warn_of HAKMEM_PURGE_DELAY_MS=soon "HAKMEM_PURGE_DELAY_MS=soon is not a number"
-warn_of HAKMEM_STATS=perhaps "HAKMEM_STATS=perhaps is not a boolean"
+warn_of HAKMEM_STATS=perhaps "HAKMEM_STATS=perhaps is not one of 0, 1, json"
+warn_of HAKMEM_PROFILE=perhaps "HAKMEM_PROFILE=perhaps is not a boolean"
+warn_of HAKMEM_MODE=learning "HAKMEM_MODE=learning is not one of baseline, evolving"
 warn_of HAKMEM_BOGUS_OPTION=1 "unknown option (see docs/options.md): HAKMEM_BOGUS_OPTION"
 quiet=$(env HAKMEM_LARGE_THRESHOLD=256K HAKMEM_ON_ERROR=WARN HAKMEM_PURGE_DELAY_MS=0 "$print_options" alloc 2>&1)
 check "well-formed values are accepted silently" "[ -z '$quiet' ]"

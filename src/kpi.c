@@ -1,0 +1,116 @@
+/* KPIs: allocation latency from sampled timings (a log-scale histogram of
+ * clock ticks, each sample weighted by the allocations it stands for, so
+ * that the percentiles are those of all allocations), page faults and RSS;
+ * hak_get_kpi. Counters are global atomics: they change only at samples
+ * and large-block calls. */
+#include "internal.h"
+#include "hakmem.h"
+
+#include <time.h>
+
+/* Buckets: values below 8 exactly, then 4 per doubling (at most 19% wide). */
+#define LATENCY_BUCKETS 256
+
+static _Atomic uint64_t latency_hist[LATENCY_BUCKETS];
+static _Atomic uint64_t latency_count;        /* samples timed */
+static _Atomic uint64_t latency_weighted_ticks; /* sum of ticks x weight: the estimated time of all allocations */
+static _Atomic uint64_t large_calls;           /* large-tier allocations (each one timed) */
+
+/* Tick rate: from two readings of ticks and nanoseconds far enough apart. */
+static uint64_t calib_ticks, calib_ns;
+
+void kpi_init(void)
+{
+    calib_ticks = hak_ticks();
+    calib_ns = os_now_ns();
+}
+
+static unsigned bucket_of(uint64_t v)
+{
+    if (v < 8)
+        return (unsigned)v;
+    unsigned b = 63u - (unsigned)__builtin_clzll(v);
+    return 8 + (b - 3) * 4 + (unsigned)((v >> (b - 2)) & 3);
+}
+
+/* The middle of a bucket's range. */
+static double bucket_value(unsigned i)
+{
+    if (i < 8)
+        return i;
+    unsigned b = (i - 8) / 4 + 3, sub = (i - 8) % 4;
+    double low = (double)((4 + (uint64_t)sub) << (b - 2));
+    return low + (double)((uint64_t)1 << (b - 2)) / 2;
+}
+
+void kpi_record_latency(uint64_t ticks, uint64_t weight)
+{
+    atomic_fetch_add_explicit(&latency_hist[bucket_of(ticks)], weight, memory_order_relaxed);
+    atomic_fetch_add_explicit(&latency_count, 1, memory_order_relaxed);
+    atomic_fetch_add_explicit(&latency_weighted_ticks, ticks * weight, memory_order_relaxed);
+}
+
+void kpi_count_large_call(void) { atomic_fetch_add_explicit(&large_calls, 1, memory_order_relaxed); }
+
+/* Totals so far: the estimated ticks spent allocating, and the exact
+ * number of allocations (slab-sized and large). */
+void kpi_window_counters(uint64_t *latency_ticks, uint64_t *allocations)
+{
+    *latency_ticks = atomic_load_explicit(&latency_weighted_ticks, memory_order_relaxed);
+    *allocations = heaps_allocations() + atomic_load_explicit(&large_calls, memory_order_relaxed);
+}
+
+/* Nanoseconds per tick; the first call right after start waits until
+ * 20 ms separate the two readings, so that the rate is within 0.1%. */
+double kpi_ns_per_tick(void)
+{
+    hak_ensure_init();
+    uint64_t ns = os_now_ns();
+    if (ns - calib_ns < 20000000u) {
+        struct timespec wait = {0, (long)(20000000u - (ns - calib_ns))};
+        nanosleep(&wait, NULL);
+        ns = os_now_ns();
+    }
+    uint64_t ticks = hak_ticks();
+    return ticks > calib_ticks ? (double)(ns - calib_ns) / (double)(ticks - calib_ticks) : 1.0;
+}
+
+/* The value (in ticks) below which a fraction q of a histogram of
+ * bucket_of buckets lies; 0 when it is empty. */
+double kpi_hist_percentile(const uint64_t *hist, unsigned buckets, double q)
+{
+    uint64_t total = 0;
+    for (unsigned i = 0; i < buckets; i++)
+        total += hist[i];
+    if (!total)
+        return 0;
+    uint64_t rank = (uint64_t)(q * (double)total), seen = 0;
+    for (unsigned i = 0; i < buckets; i++) {
+        seen += hist[i];
+        if (seen > rank)
+            return bucket_value(i);
+    }
+    return bucket_value(buckets - 1);
+}
+
+unsigned kpi_bucket_of(uint64_t ticks) { return bucket_of(ticks); }
+
+HAK_EXPORT int hak_get_kpi(hak_kpi_t *out)
+{
+    hak_ensure_init();
+    double ns_per_tick = kpi_ns_per_tick();
+    uint64_t hist[LATENCY_BUCKETS];
+    for (unsigned i = 0; i < LATENCY_BUCKETS; i++)
+        hist[i] = atomic_load_explicit(&latency_hist[i], memory_order_relaxed);
+    out->latency_samples = atomic_load_explicit(&latency_count, memory_order_relaxed);
+    out->latency_p50_ns = kpi_hist_percentile(hist, LATENCY_BUCKETS, 0.50) * ns_per_tick;
+    out->latency_p95_ns = kpi_hist_percentile(hist, LATENCY_BUCKETS, 0.95) * ns_per_tick;
+    out->latency_p99_ns = kpi_hist_percentile(hist, LATENCY_BUCKETS, 0.99) * ns_per_tick;
+    uint64_t ticks, allocations;
+    kpi_window_counters(&ticks, &allocations);
+    out->latency_mean_ns = out->latency_samples && allocations ? (double)ticks * ns_per_tick / (double)allocations : 0;
+    os_page_faults(&out->page_faults_minor, &out->page_faults_major);
+    out->rss_bytes = os_rss_bytes();
+    out->rss_peak_bytes = os_rss_peak_bytes();
+    return 0;
+}

@@ -1,0 +1,241 @@
+/* The self-tuning policy (HAKMEM_MODE=evolving): a UCB1 bandit over the
+ * large-block threshold, 64 KiB to 2 MiB.
+ *
+ * Time is cut into windows of HAKMEM_TUNE_WINDOW_MS, each run under one
+ * arm. At a window's end its KPIs become a reward:
+ *
+ *     cost   = 0.5 L / L0 + 0.3 F / F0 + 0.2 R / R0,   reward = 1 / cost
+ *
+ * L: mean allocation latency (sampled timings, weighted by the
+ * allocations each sample stands for, over the exact allocation count),
+ * F: page faults per 1000 allocations, R: RSS; each against its value in
+ * the first window, floored (20 ns, 1 fault, 32 MiB) so that a quiet first
+ * window does not make every later one look much worse, nor a few MiB of
+ * RSS noise in a small program weigh like a real change. A reward of 1 is
+ * "as good as at the start".
+ *
+ * The arm in force changes only to a neighbour (one step), only after the
+ * neighbour, tried in consecutive probe windows, beat the current arm's
+ * mean by 8% three times in a row, and not again before the cooldown
+ * (HAKMEM_TUNE_COOLDOWN_S) has passed. Which neighbour to probe, and when,
+ * is UCB1's choice: the highest mean reward plus sqrt(2 ln n / n_arm),
+ * untried arms first (ties broken by a generator seeded from
+ * HAKMEM_TUNE_SEED). Every decision is logged with HAKMEM_VERBOSE=1. */
+#include "internal.h"
+
+#include <pthread.h>
+#include <stdio.h>
+
+const size_t tuner_arm_threshold[TUNER_ARMS] = {(size_t)64 << 10, (size_t)128 << 10, (size_t)256 << 10,
+                                                (size_t)512 << 10, (size_t)1 << 20,    (size_t)2 << 20};
+
+#define WEIGHT_LATENCY 0.5
+#define WEIGHT_FAULTS 0.3
+#define WEIGHT_RSS 0.2
+#define FLOOR_LATENCY_NS 20.0
+#define FLOOR_FAULTS_PER_K 1.0
+#define FLOOR_RSS ((double)(32 << 20))
+
+/* ---- the decision rule ------------------------------------------------------ */
+
+/* Natural logarithm without libm (the static library needs no -lm):
+ * x = m 2^e with m in [1, 2), ln m = 2 atanh((m - 1) / (m + 1)). */
+static double ln(double x)
+{
+    union {
+        double d;
+        uint64_t u;
+    } v = {.d = x};
+    int e = (int)((v.u >> 52) & 0x7ff) - 1023;
+    v.u = (v.u & ~((uint64_t)0x7ff << 52)) | ((uint64_t)1023 << 52);
+    double y = (v.d - 1) / (v.d + 1), y2 = y * y, term = y, sum = 0;
+    for (int k = 1; k < 20; k += 2, term *= y2)
+        sum += term / k;
+    return e * 0.69314718055994531 + 2 * sum;
+}
+
+static double max2(double a, double b) { return a > b ? a : b; }
+
+void tuner_start(tuner_t *t, int arm, uint64_t cooldown_ms, uint64_t seed)
+{
+    *t = (tuner_t){.current = arm, .probe = -1, .cooldown_ms = cooldown_ms, .rng = seed | 1};
+}
+
+static double mean_reward(const tuner_t *t, int arm)
+{
+    return t->trials[arm] ? t->reward_sum[arm] / (double)t->trials[arm] : 0;
+}
+
+static uint64_t next_random(tuner_t *t)
+{
+    t->rng ^= t->rng << 13, t->rng ^= t->rng >> 7, t->rng ^= t->rng << 17;
+    return t->rng;
+}
+
+/* UCB1 over the current arm and its two neighbours. */
+static int ucb_choice(tuner_t *t)
+{
+    int candidates[3], n = 0, untried[3], n_untried = 0;
+    for (int a = t->current - 1; a <= t->current + 1; a++)
+        if (a >= 0 && a < TUNER_ARMS) {
+            candidates[n++] = a;
+            if (!t->trials[a])
+                untried[n_untried++] = a;
+        }
+    if (n_untried)
+        return untried[next_random(t) % (uint64_t)n_untried];
+    int best = t->current;
+    double best_index = -1;
+    for (int i = 0; i < n; i++) {
+        int a = candidates[i];
+        double m = mean_reward(t, a);
+        double index = m / (1 + m) + __builtin_sqrt(2 * ln((double)t->windows) / (double)t->trials[a]);
+        if (index > best_index)
+            best = a, best_index = index;
+    }
+    return best;
+}
+
+/* A window under arm_ran earned reward; returns the arm for the next one. */
+int tuner_decide(tuner_t *t, int arm_ran, double reward, uint64_t now_ms)
+{
+    t->trials[arm_ran]++;
+    t->reward_sum[arm_ran] += reward;
+    t->windows++;
+    if (arm_ran == t->probe) {
+        if (reward >= TUNER_WIN_MARGIN * mean_reward(t, t->current))
+            t->streak++;
+        else
+            t->probe = -1, t->streak = 0;
+        if (t->streak >= TUNER_WIN_STREAK) {
+            t->current = arm_ran;
+            t->probe = -1, t->streak = 0;
+            t->moves++;
+            t->cooldown_until_ms = now_ms + t->cooldown_ms;
+        }
+    }
+    if (now_ms < t->cooldown_until_ms)
+        return t->current;
+    if (t->probe >= 0)
+        return t->probe;
+    int next = ucb_choice(t);
+    if (next != t->current)
+        t->probe = next, t->streak = 0;
+    return next;
+}
+
+/* ---- windows of the running program -------------------------------------------- */
+
+static pthread_mutex_t learn_lock = PTHREAD_MUTEX_INITIALIZER;
+static _Atomic uint64_t window_end_ms; /* 0: the tuner has not started */
+static tuner_t tuner;
+static int arm_running;
+static bool have_reference;
+static double ref_latency_ns, ref_faults, ref_rss;
+static uint64_t win_latency_ticks, win_allocations, win_faults;
+
+static int arm_of_threshold(size_t threshold)
+{
+    int arm = 0;
+    while (arm + 1 < TUNER_ARMS && tuner_arm_threshold[arm] < threshold)
+        arm++;
+    return arm;
+}
+
+static uint64_t faults_now(void)
+{
+    uint64_t minor, major;
+    os_page_faults(&minor, &major);
+    return minor + major;
+}
+
+static void window_open(uint64_t now)
+{
+    kpi_window_counters(&win_latency_ticks, &win_allocations);
+    win_faults = faults_now();
+    atomic_store_explicit(&window_end_ms, now + (uint64_t)hak_config.tune_window_ms, memory_order_relaxed);
+}
+
+static void log_window(double latency_ns, double faults, double rss, double reward, int next, bool moved,
+                       uint64_t now)
+{
+    char line[320], move[64] = "";
+    const char *status = next != tuner.current ? "probe" : now < tuner.cooldown_until_ms ? "cooling down" : "current";
+    if (moved)
+        snprintf(move, sizeof move, "moved to %zuK (won %d windows by 8%%); ",
+                 tuner_arm_threshold[tuner.current] >> 10, TUNER_WIN_STREAK);
+    int n = snprintf(line, sizeof line,
+                     "hakmem: tuner: window %llu under %zuK: %.0f ns/alloc, %.2f faults/1k allocs, %.1f MiB -> "
+                     "reward %.3f; %snext %zuK (%s)\n",
+                     (unsigned long long)tuner.windows, tuner_arm_threshold[arm_running] >> 10, latency_ns, faults,
+                     rss / (1 << 20), reward, move, tuner_arm_threshold[next] >> 10, status);
+    if (n > 0)
+        os_write_stderr(line, (size_t)n < sizeof line ? (size_t)n : sizeof line - 1);
+}
+
+static void window_close(uint64_t now)
+{
+    uint64_t ticks, allocations;
+    kpi_window_counters(&ticks, &allocations);
+    allocations -= win_allocations;
+    if (!allocations) { /* nothing allocated: nothing to judge */
+        window_open(now);
+        return;
+    }
+    double latency = (double)(ticks - win_latency_ticks) * kpi_ns_per_tick() / (double)allocations;
+    double faults = 1000.0 * (double)(faults_now() - win_faults) / (double)allocations;
+    double rss = (double)os_rss_bytes();
+    if (!have_reference) {
+        ref_latency_ns = max2(latency, FLOOR_LATENCY_NS);
+        ref_faults = max2(faults, FLOOR_FAULTS_PER_K);
+        ref_rss = max2(rss, FLOOR_RSS);
+        have_reference = true;
+    }
+    double cost = WEIGHT_LATENCY * latency / ref_latency_ns + WEIGHT_FAULTS * faults / ref_faults +
+                  WEIGHT_RSS * rss / ref_rss;
+    double reward = 1 / max2(cost, 1e-6);
+    uint64_t moves = tuner.moves;
+    int next = tuner_decide(&tuner, arm_running, reward, now);
+    if (hak_config.verbose)
+        log_window(latency, faults, rss, reward, next, tuner.moves != moves, now);
+    arm_running = next;
+    __atomic_store_n(&hak_config.large_threshold, tuner_arm_threshold[next], __ATOMIC_RELAXED);
+    window_open(now);
+}
+
+/* Called at samples, slab refills and large-block calls: closes the
+ * window when due. */
+void learn_tick(void)
+{
+    if (hak_config.mode != MODE_EVOLVING)
+        return;
+    uint64_t end = atomic_load_explicit(&window_end_ms, memory_order_relaxed);
+    uint64_t now = os_now_ms();
+    if (end && now < end)
+        return;
+    if (pthread_mutex_trylock(&learn_lock) != 0)
+        return;
+    end = atomic_load_explicit(&window_end_ms, memory_order_relaxed);
+    if (!end) {
+        uint64_t seed = hak_config.tune_seed ? (uint64_t)hak_config.tune_seed : os_now_ns();
+        arm_running = arm_of_threshold(hak_large_threshold());
+        tuner_start(&tuner, arm_running, (uint64_t)hak_config.tune_cooldown_s * 1000, seed);
+        __atomic_store_n(&hak_config.large_threshold, tuner_arm_threshold[arm_running], __ATOMIC_RELAXED);
+        window_open(now);
+    } else if (now >= end) {
+        window_close(now);
+    }
+    pthread_mutex_unlock(&learn_lock);
+}
+
+/* A fork may have caught another thread inside a window's close. */
+void learn_fork_child(void) { pthread_mutex_init(&learn_lock, NULL); }
+
+void learn_snapshot(tuner_t *out)
+{
+    pthread_mutex_lock(&learn_lock);
+    *out = tuner;
+    if (!atomic_load_explicit(&window_end_ms, memory_order_relaxed))
+        out->current = arm_of_threshold(hak_large_threshold());
+    pthread_mutex_unlock(&learn_lock);
+}

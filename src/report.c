@@ -1,0 +1,299 @@
+/* The report: memory per tier, RSS and page faults, latency percentiles,
+ * the tuner's arms, the top call sites by bytes and by count (named with
+ * dladdr) and the site rules; as text (hak_stats_print, HAKMEM_STATS=1)
+ * or as one JSON object (hak_stats_print_json, HAKMEM_STATS=json). */
+#define _GNU_SOURCE
+#include "internal.h"
+#include "hakmem.h"
+
+#include <dlfcn.h>
+#include <fcntl.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#define TOP_SITES 10
+#define MAX_SITES 1025 /* the site table and its overflow bucket */
+
+static double mib(size_t bytes) { return (double)bytes / (1024.0 * 1024.0); }
+
+typedef struct report {
+    hak_stats_t stats;
+    hak_kpi_t kpi;
+    tuner_t tuner;
+    hak_site_t *sites; /* sorted by bytes, then a copy sorted by count */
+    hak_site_t *by_count;
+    size_t site_count;
+} report_t;
+
+static int by_bytes_desc(const void *a, const void *b)
+{
+    uint64_t x = ((const hak_site_t *)a)->bytes, y = ((const hak_site_t *)b)->bytes;
+    return x < y ? 1 : x > y ? -1 : 0;
+}
+
+static int by_count_desc(const void *a, const void *b)
+{
+    uint64_t x = ((const hak_site_t *)a)->allocs, y = ((const hak_site_t *)b)->allocs;
+    return x < y ? 1 : x > y ? -1 : 0;
+}
+
+static bool report_gather(report_t *r)
+{
+    hak_stats_get(&r->stats);
+    hak_get_kpi(&r->kpi);
+    learn_snapshot(&r->tuner);
+    r->sites = malloc(2 * MAX_SITES * sizeof(hak_site_t));
+    if (!r->sites)
+        return false;
+    r->by_count = r->sites + MAX_SITES;
+    r->site_count = hak_sites_get(r->sites, MAX_SITES);
+    qsort(r->sites, r->site_count, sizeof(hak_site_t), by_bytes_desc);
+    memcpy(r->by_count, r->sites, r->site_count * sizeof(hak_site_t));
+    qsort(r->by_count, r->site_count, sizeof(hak_site_t), by_count_desc);
+    return true;
+}
+
+/* "symbol+0x1f (module)", or "module+0x1234" when the symbol is not
+ * exported (addr2line -e module 0x1234 finds the line). */
+static void site_name(const void *address, char *out, size_t size)
+{
+    Dl_info info;
+    if (!address) {
+        snprintf(out, size, "(other sites: the table was full)");
+        return;
+    }
+    if (!dladdr(address, &info) || !info.dli_fname) {
+        snprintf(out, size, "%p", address);
+        return;
+    }
+    const char *module = strrchr(info.dli_fname, '/');
+    module = module ? module + 1 : info.dli_fname;
+    if (info.dli_sname && info.dli_saddr)
+        snprintf(out, size, "%s+0x%zx (%s)", info.dli_sname, (size_t)((const char *)address - (const char *)info.dli_saddr),
+                 module);
+    else
+        snprintf(out, size, "%s+0x%zx", module, (size_t)((const char *)address - (const char *)info.dli_fbase));
+}
+
+static double mean_reward(const tuner_t *t, int arm)
+{
+    return t->trials[arm] ? t->reward_sum[arm] / (double)t->trials[arm] : 0;
+}
+
+/* ---- text ----------------------------------------------------------------- */
+
+static void print_counters(FILE *out)
+{
+#ifdef HAKMEM_COUNTERS
+    static const char *const what[] = {
+#define HAK_COUNTER_TEXT(name, text) text,
+        HAK_COUNTER_LIST(HAK_COUNTER_TEXT)
+#undef HAK_COUNTER_TEXT
+    };
+    size_t live = 0, orphaned = 0;
+    uint64_t refills = 0, counters[HAK_COUNTER_COUNT] = {0};
+    heaps_totals(&live, &orphaned, &refills, counters);
+    fprintf(out, "  debug counters (HAKMEM_COUNTERS build)\n");
+    for (unsigned i = 0; i < HAK_COUNTER_COUNT; i++)
+        fprintf(out, "    %14llu  %s\n", (unsigned long long)counters[i], what[i]);
+#else
+    (void)out;
+#endif
+}
+
+static void print_memory(FILE *out, const hak_stats_t *s)
+{
+    fprintf(out, "  mapped        %10.2f MiB now, %10.2f MiB peak\n", mib(s->mapped_bytes), mib(s->mapped_peak));
+    fprintf(out, "  superslabs    %10zu (%zu empty, in reserve)\n", s->superslabs, s->superslabs_empty);
+    fprintf(out, "  tiny          %10zu slabs, %10.2f MiB in blocks\n", s->tiny_slabs, mib(s->tiny_bytes));
+    fprintf(out, "  mid           %10zu slabs, %10.2f MiB in blocks\n", s->mid_slabs, mib(s->mid_bytes));
+    fprintf(out, "  large         %10llu blocks mapped\n", (unsigned long long)s->large_allocs);
+    uint64_t lookups = s->bigcache_hits + s->bigcache_misses;
+    fprintf(out, "  bigcache      %10llu hits, %llu misses (%.1f%% hit rate), %.2f MiB held\n",
+            (unsigned long long)s->bigcache_hits, (unsigned long long)s->bigcache_misses,
+            lookups ? 100.0 * (double)s->bigcache_hits / (double)lookups : 0.0, mib(s->bigcache_bytes));
+    fprintf(out, "  slab refills  %10llu\n", (unsigned long long)s->slab_refills);
+    fprintf(out, "  heaps         %10zu live, %zu orphaned\n", s->heaps_live, s->heaps_orphaned);
+}
+
+static void print_kpi(FILE *out, const hak_kpi_t *k)
+{
+    fprintf(out, "  rss           %10.2f MiB now, %10.2f MiB peak\n", mib(k->rss_bytes), mib(k->rss_peak_bytes));
+    fprintf(out, "  page faults   %10llu soft, %llu hard\n", (unsigned long long)k->page_faults_minor,
+            (unsigned long long)k->page_faults_major);
+    if (k->latency_samples)
+        fprintf(out, "  latency       p50 %.0f ns, p95 %.0f ns, p99 %.0f ns, mean %.0f ns (%llu sampled allocations)\n",
+                k->latency_p50_ns, k->latency_p95_ns, k->latency_p99_ns, k->latency_mean_ns,
+                (unsigned long long)k->latency_samples);
+    else
+        fprintf(out, "  latency       no samples (HAKMEM_PROFILE=0 or too few allocations)\n");
+}
+
+static void print_tuner(FILE *out, const tuner_t *t)
+{
+    fprintf(out, "  policy        %s, large threshold %zu KiB\n",
+            hak_config.mode == MODE_EVOLVING ? "evolving" : "baseline", tuner_arm_threshold[t->current] >> 10);
+    if (hak_config.mode != MODE_EVOLVING)
+        return;
+    fprintf(out, "  tuner         %llu windows, %llu moves; arms (threshold: windows, mean reward):\n",
+            (unsigned long long)t->windows, (unsigned long long)t->moves);
+    for (int a = 0; a < TUNER_ARMS; a++)
+        fprintf(out, "    %6zuK: %6llu  %.3f%s\n", tuner_arm_threshold[a] >> 10, (unsigned long long)t->trials[a],
+                mean_reward(t, a), a == t->current ? "  <- chosen" : "");
+}
+
+static void print_site(FILE *out, const hak_site_t *s)
+{
+    char name[256];
+    site_name(s->address, name, sizeof name);
+    fprintf(out, "    %12llu %10.2f %10.2f  %7zu..%-8zu", (unsigned long long)s->allocs, mib(s->bytes),
+            mib(s->live_bytes), s->min_size, s->max_size);
+    if (s->lifetimes)
+        fprintf(out, " %10.3g", s->lifetime_median_ns / 1e3);
+    else
+        fprintf(out, " %10s", "-");
+    fprintf(out, "  %s\n", name);
+}
+
+static void print_sites(FILE *out, const report_t *r)
+{
+    static const char *const header =
+        "           allocs    MiB    live MiB  size range         life us  site\n";
+    size_t top = r->site_count < TOP_SITES ? r->site_count : TOP_SITES;
+    fprintf(out, "  top call sites by bytes (%zu sites; slab sizes estimated from samples, life: median)\n",
+            r->site_count);
+    fputs(header, out);
+    for (size_t i = 0; i < top; i++)
+        print_site(out, &r->sites[i]);
+    fprintf(out, "  top call sites by count\n");
+    fputs(header, out);
+    for (size_t i = 0; i < top; i++)
+        print_site(out, &r->by_count[i]);
+    bool any_rule = false;
+    for (size_t i = 0; i < r->site_count; i++) {
+        const hak_site_t *s = &r->sites[i];
+        if (!s->no_bigcache && !s->prewarm)
+            continue;
+        if (!any_rule)
+            fprintf(out, "  site rules (HAKMEM_SITE_RULES=1)\n");
+        any_rule = true;
+        char name[256];
+        site_name(s->address, name, sizeof name);
+        if (s->no_bigcache)
+            fprintf(out, "    %s: BigCache off: no hit in its first %llu large blocks\n", name,
+                    (unsigned long long)s->no_bigcache_evidence);
+        if (s->prewarm)
+            fprintf(out, "    %s: pre-warm on: its first new blocks were %llu%% touched\n", name,
+                    (unsigned long long)s->prewarm_evidence);
+    }
+}
+
+HAK_EXPORT void hak_stats_print(FILE *out)
+{
+    report_t r;
+    bool sites = report_gather(&r);
+    fprintf(out, "hakmem %s report\n", HAKMEM_VERSION);
+    print_memory(out, &r.stats);
+    print_kpi(out, &r.kpi);
+    print_tuner(out, &r.tuner);
+    if (sites)
+        print_sites(out, &r);
+    print_counters(out);
+    free(r.sites);
+}
+
+/* ---- JSON ------------------------------------------------------------------ */
+
+static void json_string(FILE *out, const char *s)
+{
+    fputc('"', out);
+    for (; *s; s++) {
+        if (*s == '"' || *s == '\\')
+            fprintf(out, "\\%c", *s);
+        else if ((unsigned char)*s < 0x20)
+            fprintf(out, "\\u%04x", (unsigned char)*s);
+        else
+            fputc(*s, out);
+    }
+    fputc('"', out);
+}
+
+static void json_site(FILE *out, const hak_site_t *s)
+{
+    char name[256];
+    site_name(s->address, name, sizeof name);
+    fprintf(out, "{\"address\":\"%p\",\"name\":", s->address);
+    json_string(out, name);
+    fprintf(out,
+            ",\"allocs\":%llu,\"bytes\":%llu,\"live_bytes\":%llu,\"samples\":%llu,\"min_size\":%zu,"
+            "\"max_size\":%zu,\"lifetimes\":%llu,\"lifetime_median_ns\":%.0f,\"large_allocs\":%llu,"
+            "\"bigcache_hits\":%llu,\"rules\":{\"no_bigcache\":%s,\"prewarm\":%s}}",
+            (unsigned long long)s->allocs, (unsigned long long)s->bytes, (unsigned long long)s->live_bytes,
+            (unsigned long long)s->samples, s->min_size, s->max_size, (unsigned long long)s->lifetimes,
+            s->lifetime_median_ns, (unsigned long long)s->large_allocs, (unsigned long long)s->bigcache_hits,
+            s->no_bigcache ? "true" : "false", s->prewarm ? "true" : "false");
+}
+
+HAK_EXPORT void hak_stats_print_json(FILE *out)
+{
+    report_t r;
+    bool sites = report_gather(&r);
+    const hak_stats_t *s = &r.stats;
+    const hak_kpi_t *k = &r.kpi;
+    fprintf(out, "{\"version\":\"%s\",\"memory\":{\"mapped_bytes\":%zu,\"mapped_peak\":%zu,\"superslabs\":%zu,"
+                 "\"superslabs_empty\":%zu,\"tiny_slabs\":%zu,\"mid_slabs\":%zu,\"tiny_bytes\":%zu,\"mid_bytes\":%zu,"
+                 "\"large_allocs\":%llu,\"bigcache_hits\":%llu,\"bigcache_misses\":%llu,\"bigcache_bytes\":%zu,"
+                 "\"slab_refills\":%llu,\"heaps_live\":%zu,\"heaps_orphaned\":%zu},",
+            HAKMEM_VERSION, s->mapped_bytes, s->mapped_peak, s->superslabs, s->superslabs_empty, s->tiny_slabs,
+            s->mid_slabs, s->tiny_bytes, s->mid_bytes, (unsigned long long)s->large_allocs,
+            (unsigned long long)s->bigcache_hits, (unsigned long long)s->bigcache_misses, s->bigcache_bytes,
+            (unsigned long long)s->slab_refills, s->heaps_live, s->heaps_orphaned);
+    fprintf(out, "\"kpi\":{\"rss_bytes\":%zu,\"rss_peak_bytes\":%zu,\"page_faults_minor\":%llu,"
+                 "\"page_faults_major\":%llu,\"latency_samples\":%llu,\"latency_mean_ns\":%.1f,\"latency_p50_ns\":%.1f,"
+                 "\"latency_p95_ns\":%.1f,\"latency_p99_ns\":%.1f},",
+            k->rss_bytes, k->rss_peak_bytes, (unsigned long long)k->page_faults_minor,
+            (unsigned long long)k->page_faults_major, (unsigned long long)k->latency_samples, k->latency_mean_ns,
+            k->latency_p50_ns, k->latency_p95_ns, k->latency_p99_ns);
+    const tuner_t *t = &r.tuner;
+    fprintf(out, "\"policy\":{\"mode\":\"%s\",\"large_threshold\":%zu,\"windows\":%llu,\"moves\":%llu,\"arms\":[",
+            hak_config.mode == MODE_EVOLVING ? "evolving" : "baseline", tuner_arm_threshold[t->current],
+            (unsigned long long)t->windows, (unsigned long long)t->moves);
+    for (int a = 0; a < TUNER_ARMS; a++)
+        fprintf(out, "%s{\"threshold\":%zu,\"windows\":%llu,\"mean_reward\":%.4f}", a ? "," : "",
+                tuner_arm_threshold[a], (unsigned long long)t->trials[a], mean_reward(t, a));
+    fprintf(out, "]},\"sites\":[");
+    for (size_t i = 0; sites && i < r.site_count; i++) {
+        if (i)
+            fputc(',', out);
+        json_site(out, &r.sites[i]);
+    }
+    fprintf(out, "]}\n");
+    free(r.sites);
+}
+
+/* ---- at exit ----------------------------------------------------------------- */
+
+/* Programs may close stderr before exit (coreutils does), so the exit
+ * report goes to a copy of it taken at init. */
+static int report_fd = -1;
+
+void stats_init(void)
+{
+    if (hak_config.stats != STATS_OFF)
+        report_fd = fcntl(STDERR_FILENO, F_DUPFD_CLOEXEC, 100);
+}
+
+__attribute__((destructor)) static void report_at_exit(void)
+{
+    if (report_fd < 0 || atomic_load(&hak_init_state) != 2)
+        return;
+    FILE *out = fdopen(report_fd, "w");
+    if (out) {
+        if (hak_config.stats == STATS_JSON)
+            hak_stats_print_json(out);
+        else
+            hak_stats_print(out);
+        fclose(out);
+    }
+}

@@ -1,0 +1,228 @@
+/* Call-site profiling: a program with known allocation sites finds them
+ * at the top of the report with the right figures; sampled blocks are
+ * hakmem's and behave like any other; KPIs are filled; site rules fire on
+ * the evidence they name; HAKMEM_PROFILE=0 records nothing.
+ * Usage: test_profile [on|off|rules] */
+#define _GNU_SOURCE
+#include "check.h"
+#include "hakmem.h"
+
+#include <dlfcn.h>
+#include <malloc.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#define MANY 400000 /* small allocations per site */
+
+/* Each function is one call site: the return address of its malloc call
+ * (noipa: never inlined, cloned or merged with its twins; the barrier
+ * keeps the call from becoming a jump, which would make the site the
+ * function's caller). */
+#define SITE(name)                                                                                                     \
+    __attribute__((noipa)) void *name(size_t size)                                                                       \
+    {                                                                                                                  \
+        void *p = malloc(size);                                                                                        \
+        __asm__ volatile("" : "+r"(p));                                                                                \
+        return p;                                                                                                      \
+    }
+SITE(site_small)
+SITE(site_kept)
+SITE(site_large)
+SITE(site_varied)
+SITE(site_touched)
+
+static hak_site_t sites[2048];
+static size_t site_count;
+
+static void refresh(void) { site_count = hak_sites_get(sites, 2048); }
+
+/* The site whose address lies in function fn (by dladdr), or NULL. */
+static const hak_site_t *find_site(const char *fn)
+{
+    for (size_t i = 0; i < site_count; i++) {
+        Dl_info info;
+        if (sites[i].address && dladdr(sites[i].address, &info) && info.dli_sname &&
+            strcmp(info.dli_sname, fn) == 0)
+            return &sites[i];
+    }
+    return NULL;
+}
+
+static bool near(double value, double expected, double tolerance)
+{
+    return value >= expected * (1 - tolerance) && value <= expected * (1 + tolerance);
+}
+
+static void sleep_ms(long ms)
+{
+    struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+}
+
+static char *report_text(void (*print)(FILE *))
+{
+    char *text = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&text, &len);
+    print(f);
+    fclose(f);
+    return text;
+}
+
+static void test_profile_on(void)
+{
+    /* site_small: many short-lived 48 B blocks, every one checked */
+    int foreign = 0;
+    for (int i = 0; i < MANY; i++) {
+        unsigned char *p = site_small(48);
+        memset(p, 0xab, 48);
+        foreign += !hak_owns(p) || !hak_owns(p + 47) || malloc_usable_size(p) < 48;
+        free(p);
+    }
+    CHECK(foreign == 0);
+    /* site_kept: 100k blocks of 200 B live for 50 ms */
+    enum { KEPT = 100000 };
+    static void *kept[KEPT];
+    for (int i = 0; i < KEPT; i++)
+        kept[i] = site_kept(200);
+    /* site_large: 8 blocks of 8 MiB, counted exactly */
+    for (int i = 0; i < 8; i++) {
+        char *p = site_large((size_t)8 << 20);
+        p[0] = 1;
+        free(p);
+    }
+    refresh();
+    const hak_site_t *small = find_site("site_small"), *k = find_site("site_kept"), *large = find_site("site_large");
+    CHECK(small && k && large);
+    if (!small || !k || !large)
+        return;
+    CHECK(near((double)small->allocs, MANY, 0.15));
+    CHECK(near((double)small->bytes, 48.0 * MANY, 0.15));
+    CHECK(small->min_size == 48 && small->max_size == 48);
+    CHECK(small->live_bytes < 48 * 8192); /* all freed: at most a sample in flight */
+    CHECK(near((double)k->live_bytes, 200.0 * KEPT, 0.25));
+    CHECK(large->allocs == 8 && large->bytes == (uint64_t)64 << 20 && large->live_bytes == 0);
+    CHECK(large->large_allocs == 8 && large->lifetimes == 8);
+    sleep_ms(50);
+    for (int i = 0; i < KEPT; i++)
+        free(kept[i]);
+    refresh();
+    k = find_site("site_kept");
+    CHECK(k && k->live_bytes < 200 * 8192);
+    CHECK(k && k->lifetimes > 0 && k->lifetime_median_ns >= 40e6 && k->lifetime_median_ns < 10e9);
+    small = find_site("site_small");
+    CHECK(small && small->lifetimes > 0 && small->lifetime_median_ns < 1e6);
+
+    /* the report names the sites, top by bytes and by count */
+    char *text = report_text(hak_stats_print);
+    const char *by_bytes = strstr(text, "top call sites by bytes"), *by_count = strstr(text, "top call sites by count");
+    CHECK(by_bytes && by_count);
+    if (by_bytes && by_count) {
+        const char *first_bytes = strstr(by_bytes, "site_");
+        const char *first_count = strstr(by_count, "site_");
+        CHECK(first_bytes && strncmp(first_bytes, "site_large+", 11) == 0);
+        CHECK(first_count && strncmp(first_count, "site_small+", 11) == 0);
+    }
+    CHECK(strstr(text, "latency       p50") != NULL);
+    free(text);
+    char *json = report_text(hak_stats_print_json);
+    CHECK(json[0] == '{' && strstr(json, "\"sites\":[{") && strstr(json, "\"name\":\"site_large+"));
+    CHECK(strstr(json, "\"latency_p99_ns\":") && strstr(json, "\"mode\":\"baseline\""));
+    free(json);
+
+    hak_kpi_t kpi;
+    CHECK(hak_get_kpi(&kpi) == 0);
+    CHECK(kpi.latency_samples >= MANY / 8192);
+    CHECK(kpi.latency_p50_ns > 0 && kpi.latency_p50_ns <= kpi.latency_p95_ns &&
+          kpi.latency_p95_ns <= kpi.latency_p99_ns);
+    CHECK(kpi.rss_bytes > 0 && kpi.rss_peak_bytes >= kpi.rss_bytes);
+    CHECK(kpi.page_faults_minor > 0);
+}
+
+/* Sampled blocks behave like others: realloc, calloc, aligned, double free
+ * detection is left to test_bad_input. Many allocations, so that many are
+ * samples (HAKMEM_PROFILE_SAMPLE=16 in this run). */
+static void test_sampled_blocks(void)
+{
+    int bad = 0;
+    for (int i = 0; i < 20000; i++) {
+        size_t size = 1 + (size_t)(i * 7919) % 70000;
+        unsigned char *p = malloc(size);
+        memset(p, (unsigned char)i, size);
+        p = realloc(p, size + 100);
+        for (size_t j = 0; j < size; j += 97)
+            bad += p[j] != (unsigned char)i;
+        bad += !hak_owns(p);
+        free(p);
+        unsigned char *z = calloc(1, size);
+        for (size_t j = 0; j < size; j += 61)
+            bad += z[j] != 0;
+        free(z);
+        void *a = aligned_alloc(64, 64 * (1 + (size_t)i % 40));
+        bad += ((uintptr_t)a & 63) != 0 || !hak_owns(a);
+        free(a);
+    }
+    CHECK(bad == 0);
+}
+
+static void test_profile_off(void)
+{
+    for (int i = 0; i < MANY; i++)
+        free(site_small(48));
+    free(site_large((size_t)4 << 20));
+    refresh();
+    CHECK(site_count == 0);
+    hak_kpi_t kpi;
+    hak_get_kpi(&kpi);
+    CHECK(kpi.latency_samples == 0);
+}
+
+/* HAKMEM_SITE_RULES=1: a site whose large blocks never fit BigCache loses
+ * it; a site that touches all of its new blocks gets them pre-warmed. */
+static void test_rules(void)
+{
+    enum { N = 16 };
+    void *held[N];
+    for (int i = 0; i < N; i++) /* all live at once: BigCache can serve none */
+        held[i] = site_varied((size_t)(2 + i) << 20);
+    for (int i = 0; i < N; i++)
+        free(held[i]);
+    hak_stats_t before, after;
+    hak_stats_get(&before);
+    free(site_varied((size_t)3 << 20));
+    hak_stats_get(&after);
+    CHECK(after.bigcache_bytes == before.bigcache_bytes); /* unmapped, not cached */
+
+    for (int i = 0; i < 8; i++)
+        held[i] = site_touched((size_t)2 << 20);
+    for (int i = 0; i < 8; i++) {
+        memset(held[i], 1, (size_t)2 << 20);
+        __asm__ volatile("" : : "r"(held[i]) : "memory"); /* the stores must happen before free */
+        free(held[i]);
+    }
+    refresh();
+    const hak_site_t *varied = find_site("site_varied"), *touched = find_site("site_touched");
+    CHECK(varied && varied->no_bigcache && varied->no_bigcache_evidence == N && !varied->prewarm);
+    CHECK(touched && touched->prewarm && touched->prewarm_evidence >= 90 && !touched->no_bigcache);
+    char *text = report_text(hak_stats_print);
+    CHECK(strstr(text, "BigCache off: no hit in its first 16 large blocks") != NULL);
+    CHECK(strstr(text, "pre-warm on: its first new blocks were") != NULL);
+    free(text);
+}
+
+int main(int argc, char **argv)
+{
+    const char *mode = argc > 1 ? argv[1] : "on";
+    if (!strcmp(mode, "on"))
+        test_profile_on();
+    else if (!strcmp(mode, "sampled"))
+        test_sampled_blocks();
+    else if (!strcmp(mode, "off"))
+        test_profile_off();
+    else if (!strcmp(mode, "rules"))
+        test_rules();
+    return check_summary("test_profile");
+}
