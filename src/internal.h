@@ -86,6 +86,14 @@ static inline unsigned class_of(size_t size)
 
 static inline bool class_is_tiny(unsigned c) { return c < TINY_CLASSES; }
 
+/* xorshift64: the sampler's intervals and the tuner's tie breaks. */
+static inline uint64_t xorshift64(uint64_t *state)
+{
+    uint64_t x = *state;
+    x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+    return *state = x;
+}
+
 /* The earlier of two due times, 0 meaning none (the purge passes). */
 static inline uint64_t due_earlier(uint64_t a, uint64_t b) { return !a ? b : !b ? a : a < b ? a : b; }
 
@@ -456,7 +464,7 @@ void kpi_record_latency(uint64_t ticks, uint64_t weight);
 double kpi_ns_per_tick(void);
 void kpi_window_counters(uint64_t *latency_ticks, uint64_t *allocations);
 void kpi_count_large_call(void);
-unsigned kpi_bucket_of(uint64_t ticks);
+unsigned kpi_bucket_of(uint64_t ticks); /* log-scale histogram bucket: latencies, lifetimes */
 double kpi_hist_percentile(const uint64_t *hist, unsigned buckets, double q);
 
 /* learn.c: the UCB1 tuner of the large threshold (HAKMEM_MODE=evolving).
@@ -479,6 +487,7 @@ typedef struct tuner {
 
 extern const size_t tuner_arm_threshold[TUNER_ARMS];
 void tuner_start(tuner_t *t, int arm, uint64_t cooldown_ms, uint64_t seed);
+double tuner_mean_reward(const tuner_t *t, int arm);
 int tuner_decide(tuner_t *t, int arm_ran, double reward, uint64_t now_ms);
 void learn_tick(void);
 void learn_snapshot(tuner_t *out);

@@ -25,7 +25,7 @@ void kpi_init(void)
     calib_ns = os_now_ns();
 }
 
-static unsigned bucket_of(uint64_t v)
+unsigned kpi_bucket_of(uint64_t v)
 {
     if (v < 8)
         return (unsigned)v;
@@ -45,7 +45,7 @@ static double bucket_value(unsigned i)
 
 void kpi_record_latency(uint64_t ticks, uint64_t weight)
 {
-    atomic_fetch_add_explicit(&latency_hist[bucket_of(ticks)], weight, memory_order_relaxed);
+    atomic_fetch_add_explicit(&latency_hist[kpi_bucket_of(ticks)], weight, memory_order_relaxed);
     atomic_fetch_add_explicit(&latency_count, 1, memory_order_relaxed);
     atomic_fetch_add_explicit(&latency_weighted_ticks, ticks * weight, memory_order_relaxed);
 }
@@ -76,7 +76,7 @@ double kpi_ns_per_tick(void)
 }
 
 /* The value (in ticks) below which a fraction q of a histogram of
- * bucket_of buckets lies; 0 when it is empty. */
+ * kpi_bucket_of buckets lies; 0 when it is empty. */
 double kpi_hist_percentile(const uint64_t *hist, unsigned buckets, double q)
 {
     uint64_t total = 0;
@@ -93,7 +93,6 @@ double kpi_hist_percentile(const uint64_t *hist, unsigned buckets, double q)
     return bucket_value(buckets - 1);
 }
 
-unsigned kpi_bucket_of(uint64_t ticks) { return bucket_of(ticks); }
 
 HAK_EXPORT int hak_get_kpi(hak_kpi_t *out)
 {

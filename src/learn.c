@@ -61,15 +61,9 @@ void tuner_start(tuner_t *t, int arm, uint64_t cooldown_ms, uint64_t seed)
     *t = (tuner_t){.current = arm, .probe = -1, .cooldown_ms = cooldown_ms, .rng = seed | 1};
 }
 
-static double mean_reward(const tuner_t *t, int arm)
+double tuner_mean_reward(const tuner_t *t, int arm)
 {
     return t->trials[arm] ? t->reward_sum[arm] / (double)t->trials[arm] : 0;
-}
-
-static uint64_t next_random(tuner_t *t)
-{
-    t->rng ^= t->rng << 13, t->rng ^= t->rng >> 7, t->rng ^= t->rng << 17;
-    return t->rng;
 }
 
 /* UCB1 over the current arm and its two neighbours. */
@@ -83,12 +77,12 @@ static int ucb_choice(tuner_t *t)
                 untried[n_untried++] = a;
         }
     if (n_untried)
-        return untried[next_random(t) % (uint64_t)n_untried];
+        return untried[xorshift64(&t->rng) % (uint64_t)n_untried];
     int best = t->current;
     double best_index = -1;
     for (int i = 0; i < n; i++) {
         int a = candidates[i];
-        double m = mean_reward(t, a);
+        double m = tuner_mean_reward(t, a);
         double index = m / (1 + m) + __builtin_sqrt(2 * ln((double)t->windows) / (double)t->trials[a]);
         if (index > best_index)
             best = a, best_index = index;
@@ -103,7 +97,7 @@ int tuner_decide(tuner_t *t, int arm_ran, double reward, uint64_t now_ms)
     t->reward_sum[arm_ran] += reward;
     t->windows++;
     if (arm_ran == t->probe) {
-        if (reward >= TUNER_WIN_MARGIN * mean_reward(t, t->current))
+        if (reward >= TUNER_WIN_MARGIN * tuner_mean_reward(t, t->current))
             t->streak++;
         else
             t->probe = -1, t->streak = 0;

@@ -76,11 +76,6 @@ static void site_name(const void *address, char *out, size_t size)
         snprintf(out, size, "%s+0x%zx", module, (size_t)((const char *)address - (const char *)info.dli_fbase));
 }
 
-static double mean_reward(const tuner_t *t, int arm)
-{
-    return t->trials[arm] ? t->reward_sum[arm] / (double)t->trials[arm] : 0;
-}
-
 /* ---- text ----------------------------------------------------------------- */
 
 static void print_counters(FILE *out)
@@ -140,7 +135,7 @@ static void print_tuner(FILE *out, const tuner_t *t)
             (unsigned long long)t->windows, (unsigned long long)t->moves);
     for (int a = 0; a < TUNER_ARMS; a++)
         fprintf(out, "    %6zuK: %6llu  %.3f%s\n", tuner_arm_threshold[a] >> 10, (unsigned long long)t->trials[a],
-                mean_reward(t, a), a == t->current ? "  <- chosen" : "");
+                tuner_mean_reward(t, a), a == t->current ? "  <- chosen" : "");
 }
 
 static void print_site(FILE *out, const hak_site_t *s)
@@ -261,7 +256,7 @@ HAK_EXPORT void hak_stats_print_json(FILE *out)
             (unsigned long long)t->windows, (unsigned long long)t->moves);
     for (int a = 0; a < TUNER_ARMS; a++)
         fprintf(out, "%s{\"threshold\":%zu,\"windows\":%llu,\"mean_reward\":%.4f}", a ? "," : "",
-                tuner_arm_threshold[a], (unsigned long long)t->trials[a], mean_reward(t, a));
+                tuner_arm_threshold[a], (unsigned long long)t->trials[a], tuner_mean_reward(t, a));
     fprintf(out, "]},\"sites\":[");
     for (size_t i = 0; sites && i < r.site_count; i++) {
         if (i)

@@ -25,8 +25,8 @@
 
 typedef struct arena_slot {
     uint64_t born;   /* hak_ticks() at allocation */
-    uint32_t size;   /* asked for; 0 while the slot is free */
-    uint32_t weight; /* allocations the sample stands for */
+    uint32_t size;   /* asked for (0 is a size too) */
+    uint32_t weight; /* allocations the sample stands for (at least 1); 0 while the slot is free */
     uint32_t site;   /* site table index */
     uint32_t next;   /* next free slot, 0 for none */
 } arena_slot_t;
@@ -51,11 +51,8 @@ static long next_interval(heap_t *heap)
 {
     if (!hak_config.profile)
         return LONG_MAX;
-    uint64_t x = heap->sample_rng;
-    x ^= x << 13, x ^= x >> 7, x ^= x << 17;
-    heap->sample_rng = x;
     long mean = hak_config.profile_sample;
-    return mean / 2 + 1 + (long)(x % (uint64_t)mean);
+    return mean / 2 + 1 + (long)(xorshift64(&heap->sample_rng) % (uint64_t)mean);
 }
 
 /* A heap taken by a thread (new, or one an exited thread left). */
@@ -63,7 +60,7 @@ void sample_heap_init(heap_t *heap)
 {
     heap->sampled_allocs += (uint64_t)(heap->sample_interval - heap->sample_left);
     if (!heap->sample_rng)
-        heap->sample_rng = ((uint64_t)(uintptr_t)heap * 0x9e3779b97f4a7c15ull) ^ (uint64_t)hak_config.tune_seed ^ 1;
+        heap->sample_rng = (((uint64_t)(uintptr_t)heap * 0x9e3779b97f4a7c15ull) ^ (uint64_t)hak_config.tune_seed) | 1;
     heap->sample_left = heap->sample_interval = next_interval(heap);
 }
 
@@ -114,7 +111,7 @@ static arena_slot_t *slot_checked(const void *p, const char **fault)
         *fault = "interior pointer: not the start of a block";
         return NULL;
     }
-    if (!a->slot[i].size) {
+    if (!a->slot[i].weight) {
         *fault = "double free";
         return NULL;
     }
@@ -130,7 +127,7 @@ void sample_free(void *p, const char *op)
     if (s) {
         arena_chunk_t *a = (arena_chunk_t *)superslab_of(p);
         was = *s;
-        s->size = 0;
+        s->weight = 0;
         s->next = a->free_head;
         a->free_head = (uint32_t)(s - a->slot);
         a->live--;
