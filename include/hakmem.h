@@ -22,6 +22,16 @@ extern "C" {
 /* The library's version string (HAKMEM_VERSION of the build). */
 const char *hak_version(void);
 
+/* The malloc family under hakmem's own names: the same allocator as the
+ * standard names, for a program that keeps another malloc beside hakmem,
+ * and the only names in a build with HAKMEM_OVERRIDE=OFF. */
+void *hak_malloc(size_t size);
+void *hak_calloc(size_t n, size_t size);
+void *hak_realloc(void *p, size_t size);
+void *hak_aligned_alloc(size_t align, size_t size);
+void hak_free(void *p);
+size_t hak_usable_size(const void *p);
+
 /* True if p points into a block hakmem handed out: lets a program (or a
  * test) prove that its memory really comes from hakmem. */
 bool hak_owns(const void *p);
@@ -70,6 +80,7 @@ typedef struct hak_stats {
     size_t tuner_threshold;    /* HAKMEM_MODE=evolving: the threshold the tuner chose */
     uint64_t tuner_windows;    /* windows judged so far */
     uint64_t tuner_moves;      /* threshold moves made */
+    bool hardened;             /* the hardened build (libhakmem-secure, HAKMEM_SECURE) */
 } hak_stats_t;
 
 /* Fill *out with a snapshot (figures of other threads may be a moment old). */

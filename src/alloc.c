@@ -25,6 +25,17 @@ void *hak_alloc_slow_size(size_t size, uintptr_t site)
     return large_alloc(size, 0, site, 1);
 }
 
+/* A mapping failed: the caches give their mappings back (BigCache's
+ * blocks, the pooled SuperSlabs, the reserve included), so that one retry
+ * may succeed. True if anything went. Called with no lock held. */
+bool hak_release_caches(void)
+{
+    size_t before = atomic_load_explicit(&hak_mapped_bytes, memory_order_relaxed);
+    bigcache_collect(true);
+    superslab_unmap_pool();
+    return atomic_load_explicit(&hak_mapped_bytes, memory_order_relaxed) < before;
+}
+
 /* Zeroed memory above the tiny sizes: large blocks clear only what needs
  * it (a new mapping is zero already); slab blocks are cleared here. */
 void *hak_calloc_slow(size_t size, uintptr_t site)
@@ -64,7 +75,7 @@ void hak_remote_free(slab_t *s, void *p)
     unsigned c = s->class_idx;
     void *head = atomic_load_explicit(&s->remote, memory_order_relaxed);
     do
-        *(void **)p = head;
+        block_link(p, head);
     while (!atomic_compare_exchange_weak_explicit(&s->remote, &head, p, memory_order_release,
                                                   memory_order_relaxed));
     _Atomic uint64_t *hint = &owner->remote_hint[c / 64];
@@ -100,6 +111,10 @@ void hak_free_irregular(slab_t *s, void *p, const char *op)
     void *block = slab_block_checked(s, p, op);
     if (!block)
         return;
+    if (block_is_free(block)) {
+        hak_report_bad_pointer(op, p, "double free");
+        return;
+    }
     heap_t *heap = heap_get();
     uintptr_t owner = atomic_load_explicit(&s->owner, memory_order_relaxed);
     if (slab_owner_heap(owner) != heap) {
@@ -112,7 +127,7 @@ void hak_free_irregular(slab_t *s, void *p, const char *op)
         return;
     }
     HAK_COUNT(heap, free_local_slow);
-    *(void **)block = s->free;
+    block_link(block, s->free);
     s->free = block;
     s->used--;
     if (s->used == 0)
@@ -144,7 +159,7 @@ void *hak_realloc_impl(void *p, size_t size, uintptr_t site)
     if (!p)
         return hak_alloc(size, site);
     if (size == 0) { /* glibc: free and return NULL */
-        hak_free(p, "realloc");
+        hak_free_checked(p, "realloc");
         return NULL;
     }
     unsigned kind = segmap_kind(p);
@@ -164,7 +179,7 @@ void *hak_realloc_impl(void *p, size_t size, uintptr_t site)
     if (!q)
         return NULL;
     memcpy(q, p, size < usable ? size : usable);
-    hak_free(p, "realloc");
+    hak_free_checked(p, "realloc");
     return q;
 }
 

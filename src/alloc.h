@@ -13,7 +13,8 @@ static inline void *hak_alloc_class(unsigned c, size_t size, uintptr_t site)
     heap_t *heap = heap_get();
     void *b = heap->cache[c];
     if (likely(b != NULL)) {
-        heap->cache[c] = *(void **)b;
+        heap->cache[c] = block_next(b);
+        block_handed_out(b);
         if (likely(--heap->sample_left != 0))
             return b;
         return sample_fast_hit(heap, c, b, size, site);
@@ -35,9 +36,10 @@ static inline void *hak_alloc(size_t size, uintptr_t site)
 /* Free: mask to the SuperSlab, look up the slab, and if the caller owns it
  * with no flag set, push the block onto the slab's free list. Anything
  * unusual (another thread's slab, a flagged slab, the slab's last block,
- * a pointer that is not a block start, an immediate double free) goes to
+ * a pointer that is not a block start, a double free: immediate, or any
+ * in the hardened build) goes to
  * hak_free_irregular, which also reports. */
-static inline void hak_free(void *p, const char *op)
+static inline void hak_free_checked(void *p, const char *op)
 {
     if (unlikely(segmap_kind(p) != SEG_SUPERSLAB)) {
         hak_free_slow(p, op);
@@ -50,9 +52,9 @@ static inline void hak_free(void *p, const char *op)
         uint32_t used = s->used;
         /* used <= 1: the slab empties (or the block was free already). */
         if (likely(!(offset_times_recip & RECIP_REMAINDER_BITS) && (char *)p < s->carved_end &&
-                   p != s->free && used > 1)) {
+                   p != s->free && used > 1 && !block_is_free(p))) {
             HAK_COUNT(heap, free_local);
-            *(void **)p = s->free;
+            block_link(p, s->free);
             s->free = p;
             s->used = used - 1;
             return;

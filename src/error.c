@@ -61,6 +61,18 @@ void hak_report_bad_pointer(const char *op, const void *p, const char *fault)
         abort();
 }
 
+/* Hardened build: a free list link points out of its SuperSlab. Nothing
+ * can be trusted any more, whatever HAKMEM_ON_ERROR says. */
+void hak_free_list_corrupt(const void *b)
+{
+    msgbuf_t m = {.len = 0};
+    msg_str(&m, "hakmem: malloc: free list corrupted at ");
+    msg_ptr(&m, b);
+    msg_str(&m, " (a write to freed memory?); aborting");
+    msg_emit(&m);
+    abort();
+}
+
 void hak_warn(const char *what, const char *detail)
 {
     msgbuf_t m = {.len = 0};

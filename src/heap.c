@@ -78,10 +78,12 @@ static void slab_set_owner(slab_t *s, heap_t *heap)
     atomic_store_explicit(&s->owner, (owner & SLAB_FLAGS) | (uintptr_t)heap, memory_order_release);
 }
 
-static uint32_t list_length(void *list, void **tail)
+/* Blocks on a list, counted up to max + 1: a block freed twice makes a
+ * cycle, which must not hang the walk. */
+static uint32_t list_length(void *list, void **tail, uint32_t max)
 {
     uint32_t n = 0;
-    for (void *b = list; b; b = *(void **)b, n++)
+    for (void *b = list; b && n <= max; b = block_next(b), n++)
         *tail = b;
     return n;
 }
@@ -93,14 +95,38 @@ static void slab_drain_remote(slab_t *s)
     if (!list)
         return;
     void *tail;
-    uint32_t n = list_length(list, &tail);
+    uint32_t n = list_length(list, &tail, s->used);
     if (unlikely(n > s->used)) {
         hak_report_bad_pointer("free", list, "more blocks freed than allocated in this slab (double free from another thread)");
         return; /* leak the list rather than hand a block out twice */
     }
-    *(void **)tail = s->free;
+    block_link(tail, s->free);
     s->free = list;
     s->used -= n;
+}
+
+/* The hardened build hands out new blocks in random order: the n blocks
+ * from first are threaded as a random permutation. */
+#define CARVE_MAX_BLOCKS (CARVE_BYTES / 16 > CARVE_MIN_TINY ? CARVE_BYTES / 16 : CARVE_MIN_TINY)
+
+static void *thread_shuffled(char *first, uint32_t n, uint32_t block_size, void **tail)
+{
+    static HAK_TLS uint64_t rng;
+    if (!rng)
+        rng = superslab_of(first)->secret | 1;
+    uint16_t order[CARVE_MAX_BLOCKS];
+    for (uint32_t i = 0; i < n; i++)
+        order[i] = (uint16_t)i;
+    for (uint32_t i = n - 1; i > 0; i--) {
+        uint32_t j = (uint32_t)(xorshift64(&rng) % (i + 1));
+        uint16_t t = order[i];
+        order[i] = order[j], order[j] = t;
+    }
+    for (uint32_t i = 0; i + 1 < n; i++)
+        block_link(first + (size_t)order[i] * block_size, first + (size_t)order[i + 1] * block_size);
+    *tail = first + (size_t)order[n - 1] * block_size;
+    block_link(*tail, NULL);
+    return first + (size_t)order[0] * block_size;
 }
 
 /* Thread the next never-used blocks into a list, or return NULL when every
@@ -117,14 +143,16 @@ static void *slab_carve(slab_t *s, void **tail)
     if (n > left)
         n = left;
     char *first = s->start + (size_t)s->carved * s->block_size;
-    char *b = first;
-    for (uint32_t i = 1; i < n; i++, b += s->block_size)
-        *(void **)b = b + s->block_size;
-    *(void **)b = NULL;
-    *tail = b;
     s->carved += n;
     s->used += n;
-    s->carved_end = b + s->block_size;
+    s->carved_end = first + (size_t)n * s->block_size;
+    if (HAK_SECURE)
+        return thread_shuffled(first, n, s->block_size, tail);
+    char *b = first;
+    for (uint32_t i = 1; i < n; i++, b += s->block_size)
+        block_link(b, b + s->block_size);
+    block_link(b, NULL);
+    *tail = b;
     return first;
 }
 
@@ -155,7 +183,7 @@ static void *slab_take_blocks(heap_t *heap, slab_t *s)
         if ((size_t)local * s->block_size < CARVE_BYTES / 2) {
             void *fresh = slab_carve(s, &tail);
             if (fresh) {
-                *(void **)tail = list;
+                block_link(tail, list);
                 list = fresh;
             }
         }
@@ -183,8 +211,9 @@ static void heap_return_cache(heap_t *heap, unsigned c)
     heap->cache[c] = NULL;
     slab_t *s = heap->cur[c];
     void *tail;
-    uint32_t n = list_length(list, &tail);
-    *(void **)tail = s->free;
+    uint32_t n = list_length(list, &tail, s->used);
+    hak_assert(n <= s->used);
+    block_link(tail, s->free);
     s->free = list;
     s->used -= n;
 }
@@ -398,7 +427,8 @@ void *heap_alloc_slow(heap_t *heap, unsigned c, size_t size, uintptr_t site)
     void *b = NULL;
     if (heap_refill(heap, c)) {
         b = heap->cache[c];
-        heap->cache[c] = *(void **)b;
+        heap->cache[c] = block_next(b);
+        block_handed_out(b);
     }
     heap_leave_lists(heap);
     if (unlikely(sampled) && b)
@@ -460,7 +490,7 @@ static void slab_purge_free_blocks(slab_t *s)
     uintptr_t page = os_page_size();
     if (s->block_size < 2 * page)
         return;
-    for (char *b = s->free; b; b = *(char **)b) {
+    for (char *b = s->free; b; b = block_next(b)) {
         uintptr_t from = ((uintptr_t)b + page) & ~(page - 1);
         uintptr_t to = ((uintptr_t)b + s->block_size) & ~(page - 1);
         if (to > from)

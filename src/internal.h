@@ -154,6 +154,7 @@ static inline struct heap *slab_owner_heap(uintptr_t owner)
  * purges dirty pages; the page lock orders the two. */
 typedef struct superslab {
     uint32_t magic;
+    uint64_t secret;          /* random: keys the block links of HAKMEM_SECURE */
     uint32_t free_pages;      /* bit i: data page i belongs to no slab (owner writes) */
     uint32_t dirty_pages;     /* free pages touched since they were last purged (page lock) */
     _Atomic int pages_lock;
@@ -165,6 +166,8 @@ typedef struct superslab {
     slab_t *page_slab[SS_PAGES];     /* the slab covering page i */
     slab_t slabs[SS_MAX_SPAN];       /* slabs[i - 1]: the slab whose head is page i */
 } superslab_t;
+
+_Static_assert(sizeof(superslab_t) <= SLAB_PAGE_SIZE / 2, "the header page holds the descriptors (and a guard page)");
 
 extern slab_t hak_no_slab;
 
@@ -190,6 +193,57 @@ static inline uint32_t slab_block_index(const slab_t *s, const void *p)
 {
     uint64_t off = (uint64_t)((const char *)p - s->start);
     return (uint32_t)((off * s->recip) >> RECIP_SHIFT);
+}
+
+/* ---- Block links ------------------------------------------------------- */
+
+/* A block not handed out holds the link to the next one in its first word.
+ * The hardened build (HAKMEM_SECURE) stores the link xor a key, its
+ * SuperSlab's secret mixed with its own address, so that a write after
+ * free cannot plant a pointer the allocator would follow; and it marks
+ * the second word (blocks are 16 B at least there), so that every free
+ * sees a block freed twice. Without it these compile to plain accesses. */
+#ifdef HAKMEM_SECURE
+#define HAK_SECURE 1
+#else
+#define HAK_SECURE 0
+#endif
+
+void hak_free_list_corrupt(const void *b) __attribute__((noreturn));
+
+static inline uintptr_t block_key(const void *b)
+{
+    return HAK_SECURE ? superslab_of(b)->secret ^ (uintptr_t)b : 0;
+}
+
+static inline void *block_next(const void *b)
+{
+    uintptr_t next = *(const uintptr_t *)b ^ block_key(b);
+    /* a list never leaves its slab, let alone its SuperSlab */
+    if (HAK_SECURE && unlikely(next && (next ^ (uintptr_t)b) >> SS_SHIFT))
+        hak_free_list_corrupt(b);
+    return (void *)next;
+}
+
+/* b joins a list, in front of next. */
+static inline void block_link(void *b, void *next)
+{
+    uintptr_t key = block_key(b); /* once: the stores below might alias the secret */
+    *(uintptr_t *)b = (uintptr_t)next ^ key;
+    if (HAK_SECURE)
+        ((uintptr_t *)b)[1] = ~key;
+}
+
+/* Hardened build: b is on a list or in a cache (else always false). */
+static inline bool block_is_free(const void *b)
+{
+    return HAK_SECURE && ((const uintptr_t *)b)[1] == ~block_key(b);
+}
+
+static inline void block_handed_out(void *b)
+{
+    if (HAK_SECURE)
+        ((uintptr_t *)b)[1] = 0;
 }
 
 /* ---- Segment map ------------------------------------------------------- */
@@ -303,6 +357,7 @@ uint64_t superslab_purge(bool force);
 void superslab_fork_prepare(void);
 void superslab_fork_parent(void);
 void superslab_fork_child(void);
+void superslab_unmap_pool(void);
 void superslab_stats(size_t *superslabs, size_t *empty, size_t slabs[2], size_t bytes[2]);
 
 /* ---- Purger thread (purger.c) ------------------------------------------ */
@@ -368,6 +423,7 @@ size_t hak_usable_size_checked(const void *p, const char *op);
 void *hak_realloc_impl(void *p, size_t size, uintptr_t site);
 void hak_remote_free(slab_t *s, void *p);
 void hak_free_irregular(slab_t *s, void *p, const char *op);
+bool hak_release_caches(void);
 
 /* ---- Options (options.c) ----------------------------------------------- */
 
@@ -513,6 +569,8 @@ void *os_remap_aligned(void *p, size_t old_size, size_t new_size, size_t align);
 void os_unmap(void *p, size_t size);
 void os_purge(void *p, size_t size);
 void os_prefault(void *p, size_t size);
+void os_protect(void *p, size_t size, bool accessible);
+uint64_t os_random_seed(void);
 size_t os_page_size(void);
 uint64_t os_now_ms(void);
 uint64_t os_now_ns(void);

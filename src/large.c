@@ -16,6 +16,16 @@ static size_t page_round(size_t n)
     return (n + page - 1) & ~(page - 1);
 }
 
+/* The hardened build ends each mapping with a page that faults on access:
+ * an overflow past the block's last page stops there. */
+static size_t guard_size(void) { return HAK_SECURE ? os_page_size() : 0; }
+
+static void guard_set(large_hdr_t *h, bool on)
+{
+    if (HAK_SECURE)
+        os_protect(h->map_base + h->map_size - guard_size(), guard_size(), !on);
+}
+
 /* A block handed out: charged to its site (every large call is recorded;
  * weight > 1 marks a sampled slab-sized allocation served here), timed,
  * given the site's rules, and pre-warmed if its pages are not resident. */
@@ -44,15 +54,20 @@ static void *large_born(large_hdr_t *h, size_t size, uintptr_t site, uint32_t we
     return h->user;
 }
 
-/* A block BigCache kept for site, or NULL. Its pages hold old contents
- * unless they were purged with MADV_DONTNEED (*zeroed tells). */
-static void *large_reuse(size_t size, uintptr_t site, uint32_t weight, bool *zeroed, uint64_t start)
+/* A block BigCache kept for site, or NULL. *stale tells how many of its
+ * leading bytes may hold old contents: all of them, unless its pages were
+ * purged with MADV_DONTNEED (they read back as zero), which spares the
+ * header's page, where a block that is not page aligned starts. */
+static void *large_reuse(size_t size, uintptr_t site, uint32_t weight, size_t *stale, uint64_t start)
 {
     large_hdr_t *h = bigcache_take(site, size);
     if (!h)
         return NULL;
     h->magic = LARGE_MAGIC;
-    *zeroed = h->purged && hak_config.purge_advice == PURGE_DONTNEED;
+    char *header_page_end = (char *)h + os_page_size();
+    *stale = h->usable;
+    if (h->purged && hak_config.purge_advice == PURGE_DONTNEED)
+        *stale = h->user < header_page_end ? (size_t)(header_page_end - h->user) : 0;
     return large_born(h, size, site, weight, h->purged, true, start);
 }
 
@@ -63,22 +78,21 @@ void *large_alloc(size_t size, size_t align, uintptr_t site, uint32_t weight)
 {
     hak_ensure_init();
     uint64_t start = hak_ticks();
-    bool zeroed;
-    void *p = align <= LARGE_HEADER_SIZE ? large_reuse(size, site, weight, &zeroed, start) : NULL;
+    size_t stale;
+    void *p = align <= LARGE_HEADER_SIZE ? large_reuse(size, site, weight, &stale, start) : NULL;
     return p ? p : large_map(size, align, site, weight, start);
 }
 
-/* calloc: a reused block is cleared unless its pages were given back; a
- * new mapping is zero already. */
+/* calloc: a reused block is cleared where it may hold old contents; a new
+ * mapping is zero already. */
 void *large_alloc_zeroed(size_t size, uintptr_t site)
 {
     uint64_t start = hak_ticks();
-    bool zeroed;
-    void *p = large_reuse(size, site, 1, &zeroed, start);
+    size_t stale;
+    void *p = large_reuse(size, site, 1, &stale, start);
     if (!p)
         return large_map(size, 0, site, 1, start);
-    if (!zeroed)
-        memset(p, 0, size);
+    memset(p, 0, size < stale ? size : stale);
     return p;
 }
 
@@ -95,20 +109,24 @@ static void *large_map(size_t size, size_t align, uintptr_t site, uint32_t weigh
         errno = ENOMEM;
         return NULL;
     }
-    size_t map_size = page_round(offset + size);
-    char *base = header_chunk_apart ? os_map_aligned_at(map_size, align, SS_SIZE)
-                                    : os_map_aligned_at(map_size, SS_SIZE, 0);
-    if (!base) {
-        errno = ENOMEM;
-        return NULL;
+    size_t map_size = page_round(offset + size) + guard_size();
+    char *base = NULL;
+    for (int attempt = 0; !base && attempt < 2; attempt++) {
+        if (attempt && !hak_release_caches())
+            break;
+        base = header_chunk_apart ? os_map_aligned_at(map_size, align, SS_SIZE)
+                                  : os_map_aligned_at(map_size, SS_SIZE, 0);
     }
+    if (!base)
+        return NULL; /* errno ENOMEM from the mapping */
     large_hdr_t *h = (large_hdr_t *)base;
     h->magic = LARGE_MAGIC;
     h->map_base = base;
     h->map_size = map_size;
     h->user = base + offset;
-    h->usable = map_size - offset;
+    h->usable = map_size - guard_size() - offset;
     h->site = site;
+    guard_set(h, true);
     segmap_set(base, map_size, SEG_LARGE_HEAD);
     atomic_fetch_add_explicit(&hak_large_allocs, 1, memory_order_relaxed);
     return large_born(h, size, site, weight, true, false, start);
@@ -218,13 +236,14 @@ void *large_realloc(void *p, size_t size)
         errno = ENOMEM;
         return NULL;
     }
-    size_t new_map = page_round(offset + size);
+    size_t new_map = page_round(offset + size) + guard_size();
     if (new_map == h->map_size) {
         large_resized(h, size);
         return p;
     }
     char *base = h->map_base;
     size_t old_map = h->map_size;
+    guard_set(h, false); /* the mapping is one range again for mremap */
     if (new_map < old_map) {
         segmap_clear(base, old_map);
         os_unmap(base + new_map, old_map - new_map);
@@ -233,8 +252,8 @@ void *large_realloc(void *p, size_t size)
          * are not kept by realloc, as in glibc). */
         char *moved = os_remap_aligned(base, old_map, new_map, SS_SIZE);
         if (!moved) {
-            errno = ENOMEM;
-            return NULL;
+            guard_set(h, true);
+            return NULL; /* errno ENOMEM */
         }
         segmap_clear(base, old_map);
         base = moved;
@@ -243,7 +262,8 @@ void *large_realloc(void *p, size_t size)
     h->map_base = base;
     h->map_size = new_map;
     h->user = base + offset;
-    h->usable = new_map - offset;
+    h->usable = new_map - guard_size() - offset;
+    guard_set(h, true);
     segmap_set(base, new_map, SEG_LARGE_HEAD);
     large_resized(h, size);
     return h->user;

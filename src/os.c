@@ -8,6 +8,7 @@
 #include <fcntl.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/auxv.h>
 #include <sys/resource.h>
 #include <time.h>
 #include <unistd.h>
@@ -33,13 +34,21 @@ size_t os_page_size(void)
     return page;
 }
 
+/* The mapping calls keep errno on success and return NULL with errno
+ * ENOMEM on failure, which the allocation entry points pass on. */
+static void *map_failed(void)
+{
+    errno = ENOMEM;
+    return NULL;
+}
+
 void *os_map(size_t size)
 {
     int saved = errno;
     void *p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     errno = saved;
     if (p == MAP_FAILED)
-        return NULL;
+        return map_failed();
     account_mapped(size);
     return p;
 }
@@ -49,13 +58,13 @@ void *os_map(size_t size)
 void *os_map_aligned_at(size_t size, size_t align, size_t offset)
 {
     if (size + align < size)
-        return NULL;
+        return map_failed();
     int saved = errno;
     char *raw = mmap(NULL, size + align, PROT_READ | PROT_WRITE,
                      MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     errno = saved;
     if (raw == MAP_FAILED)
-        return NULL;
+        return map_failed();
     char *p = (char *)((((uintptr_t)raw + offset + align - 1) & ~(uintptr_t)(align - 1)) - offset);
     size_t before = (size_t)(p - raw);
     size_t after = align - before;
@@ -90,7 +99,7 @@ void *os_remap_aligned(void *p, size_t old_size, size_t new_size, size_t align)
     }
     errno = saved;
     if (q == MAP_FAILED)
-        return NULL;
+        return map_failed();
     account_mapped(new_size - old_size);
     return q;
 }
@@ -132,6 +141,26 @@ void os_prefault(void *p, size_t size)
     uintptr_t start = (uintptr_t)p & ~(uintptr_t)(os_page_size() - 1);
     madvise((void *)start, (uintptr_t)p + size - start, MADV_POPULATE_WRITE);
     errno = saved;
+}
+
+/* Guard pages (the hardened build): no access, or read and write again. */
+void os_protect(void *p, size_t size, bool accessible)
+{
+    int saved = errno;
+    if (mprotect(p, size, accessible ? PROT_READ | PROT_WRITE : PROT_NONE) != 0)
+        hak_fatal("mprotect failed (too many mappings? see vm.max_map_count)");
+    errno = saved;
+}
+
+/* 64 random bits the kernel gave the process at exec (AT_RANDOM), mixed
+ * with the clock so that a forked child's new draws differ too. */
+uint64_t os_random_seed(void)
+{
+    uint64_t seed = 0;
+    const void *random = (const void *)getauxval(AT_RANDOM);
+    if (random)
+        memcpy(&seed, random, sizeof seed);
+    return seed ^ os_now_ns();
 }
 
 uint64_t os_now_ms(void)

@@ -1,5 +1,8 @@
 /* The exported malloc family (and hakmem's own API entry points). Each
- * entry point is a thin wrapper over the inline fast paths in alloc.h. */
+ * entry point is a thin wrapper over the inline fast paths in alloc.h.
+ * The standard names are defined unless the build says HAKMEM_OVERRIDE=OFF
+ * (the ThreadSanitizer build, where the sanitizer owns malloc); the hak_
+ * names always are. */
 #define _GNU_SOURCE
 #include "alloc.h"
 #include "hakmem.h"
@@ -8,11 +11,7 @@
 #include <malloc.h>
 #include <string.h>
 
-HAK_EXPORT void *malloc(size_t size) { return hak_alloc(size, HAK_CALLER); }
-
-HAK_EXPORT void free(void *p) { hak_free(p, "free"); }
-
-HAK_EXPORT void *calloc(size_t n, size_t size)
+static inline void *calloc_impl(size_t n, size_t size, uintptr_t site)
 {
     size_t total;
     if (unlikely(__builtin_mul_overflow(n, size, &total))) {
@@ -20,13 +19,53 @@ HAK_EXPORT void *calloc(size_t n, size_t size)
         return NULL;
     }
     if (likely(total <= TINY_MAX)) {
-        void *p = hak_alloc(total, HAK_CALLER);
+        void *p = hak_alloc(total, site);
         if (likely(p))
             memset(p, 0, total);
         return p;
     }
-    return hak_calloc_slow(total, HAK_CALLER);
+    return hak_calloc_slow(total, site);
 }
+
+static bool is_power_of_two(size_t x) { return x && !(x & (x - 1)); }
+
+static inline void *aligned_alloc_impl(size_t align, size_t size, uintptr_t site)
+{
+    if (!is_power_of_two(align)) {
+        errno = EINVAL;
+        return NULL;
+    }
+    return hak_alloc_aligned(align, size, site);
+}
+
+/* ---- hakmem's own names ------------------------------------------------------- */
+
+HAK_EXPORT void *hak_malloc(size_t size) { return hak_alloc(size, HAK_CALLER); }
+
+HAK_EXPORT void hak_free(void *p) { hak_free_checked(p, "free"); }
+
+HAK_EXPORT void *hak_calloc(size_t n, size_t size) { return calloc_impl(n, size, HAK_CALLER); }
+
+HAK_EXPORT void *hak_realloc(void *p, size_t size) { return hak_realloc_impl(p, size, HAK_CALLER); }
+
+HAK_EXPORT void *hak_aligned_alloc(size_t align, size_t size)
+{
+    return aligned_alloc_impl(align, size, HAK_CALLER);
+}
+
+HAK_EXPORT size_t hak_usable_size(const void *p)
+{
+    return p ? hak_usable_size_checked(p, "malloc_usable_size") : 0;
+}
+
+/* ---- the standard names ------------------------------------------------------- */
+
+#ifdef HAKMEM_OVERRIDE
+HAK_EXPORT void *malloc(size_t size) { return hak_alloc(size, HAK_CALLER); }
+
+HAK_EXPORT void free(void *p) { hak_free_checked(p, "free"); }
+
+HAK_EXPORT void *calloc(size_t n, size_t size) { return calloc_impl(n, size, HAK_CALLER); }
 
 HAK_EXPORT void *realloc(void *p, size_t size) { return hak_realloc_impl(p, size, HAK_CALLER); }
 
@@ -39,8 +78,6 @@ HAK_EXPORT void *reallocarray(void *p, size_t n, size_t size)
     }
     return hak_realloc_impl(p, total, HAK_CALLER);
 }
-
-static bool is_power_of_two(size_t x) { return x && !(x & (x - 1)); }
 
 HAK_EXPORT int posix_memalign(void **out, size_t align, size_t size)
 {
@@ -55,23 +92,9 @@ HAK_EXPORT int posix_memalign(void **out, size_t align, size_t size)
     return 0;
 }
 
-HAK_EXPORT void *aligned_alloc(size_t align, size_t size)
-{
-    if (!is_power_of_two(align)) {
-        errno = EINVAL;
-        return NULL;
-    }
-    return hak_alloc_aligned(align, size, HAK_CALLER);
-}
+HAK_EXPORT void *aligned_alloc(size_t align, size_t size) { return aligned_alloc_impl(align, size, HAK_CALLER); }
 
-HAK_EXPORT void *memalign(size_t align, size_t size)
-{
-    if (!is_power_of_two(align)) {
-        errno = EINVAL;
-        return NULL;
-    }
-    return hak_alloc_aligned(align, size, HAK_CALLER);
-}
+HAK_EXPORT void *memalign(size_t align, size_t size) { return aligned_alloc_impl(align, size, HAK_CALLER); }
 
 HAK_EXPORT void *valloc(size_t size) { return hak_alloc_aligned(os_page_size(), size, HAK_CALLER); }
 
@@ -86,10 +109,7 @@ HAK_EXPORT void *pvalloc(size_t size)
     return hak_alloc_aligned(page, rounded ? rounded : page, HAK_CALLER);
 }
 
-HAK_EXPORT size_t malloc_usable_size(void *p)
-{
-    return p ? hak_usable_size_checked(p, "malloc_usable_size") : 0;
-}
+HAK_EXPORT size_t malloc_usable_size(void *p) { return hak_usable_size(p); }
 
 HAK_EXPORT int malloc_trim(size_t pad)
 {
@@ -111,7 +131,7 @@ HAK_EXPORT struct mallinfo2 mallinfo2(void)
     mi.usmblks = s.mapped_peak;
     return mi;
 }
-
+#endif /* HAKMEM_OVERRIDE */
 /* ---- hakmem's own API -------------------------------------------------------- */
 
 HAK_EXPORT const char *hak_version(void) { return HAKMEM_VERSION; }
@@ -165,4 +185,4 @@ void *hak_cxx_alloc_aligned(size_t align, size_t size, uintptr_t site)
     return is_power_of_two(align) ? hak_alloc_aligned(align, size, site) : NULL;
 }
 
-void hak_cxx_free(void *p) { hak_free(p, "operator delete"); }
+void hak_cxx_free(void *p) { hak_free_checked(p, "operator delete"); }

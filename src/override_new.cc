@@ -1,6 +1,8 @@
 // C++ operator new and delete on hakmem, every variant of C++17: plain,
 // array, nothrow, sized and aligned. new retries through the installed
-// new_handler and throws std::bad_alloc as the standard requires.
+// new_handler and throws std::bad_alloc as the standard requires. Not
+// defined when the build says HAKMEM_OVERRIDE=OFF.
+#ifdef HAKMEM_OVERRIDE
 #include <cerrno>
 #include <cstddef>
 #include <cstdint>
@@ -69,3 +71,5 @@ HAK_EXPORT void operator delete(void *p, std::size_t, std::align_val_t) noexcept
 HAK_EXPORT void operator delete[](void *p, std::size_t, std::align_val_t) noexcept { hak_cxx_free(p); }
 HAK_EXPORT void operator delete(void *p, std::align_val_t, const std::nothrow_t &) noexcept { hak_cxx_free(p); }
 HAK_EXPORT void operator delete[](void *p, std::align_val_t, const std::nothrow_t &) noexcept { hak_cxx_free(p); }
+
+#endif // HAKMEM_OVERRIDE

@@ -189,6 +189,8 @@ HAK_EXPORT void hak_stats_print(FILE *out)
     report_t r;
     bool sites = report_gather(&r);
     fprintf(out, "hakmem %s report\n", HAKMEM_VERSION);
+    if (r.stats.hardened)
+        fprintf(out, "  hardened      encoded free lists, double free checked, guard pages, random order\n");
     print_memory(out, &r.stats);
     print_kpi(out, &r.kpi);
     print_tuner(out, &r.tuner);
@@ -236,11 +238,11 @@ HAK_EXPORT void hak_stats_print_json(FILE *out)
     bool sites = report_gather(&r);
     const hak_stats_t *s = &r.stats;
     const hak_kpi_t *k = &r.kpi;
-    fprintf(out, "{\"version\":\"%s\",\"memory\":{\"mapped_bytes\":%zu,\"mapped_peak\":%zu,\"superslabs\":%zu,"
+    fprintf(out, "{\"version\":\"%s\",\"hardened\":%s,\"memory\":{\"mapped_bytes\":%zu,\"mapped_peak\":%zu,\"superslabs\":%zu,"
                  "\"superslabs_empty\":%zu,\"tiny_slabs\":%zu,\"mid_slabs\":%zu,\"tiny_bytes\":%zu,\"mid_bytes\":%zu,"
                  "\"large_allocs\":%llu,\"bigcache_hits\":%llu,\"bigcache_misses\":%llu,\"bigcache_bytes\":%zu,"
                  "\"slab_refills\":%llu,\"heaps_live\":%zu,\"heaps_orphaned\":%zu},",
-            HAKMEM_VERSION, s->mapped_bytes, s->mapped_peak, s->superslabs, s->superslabs_empty, s->tiny_slabs,
+            HAKMEM_VERSION, s->hardened ? "true" : "false", s->mapped_bytes, s->mapped_peak, s->superslabs, s->superslabs_empty, s->tiny_slabs,
             s->mid_slabs, s->tiny_bytes, s->mid_bytes, (unsigned long long)s->large_allocs,
             (unsigned long long)s->bigcache_hits, (unsigned long long)s->bigcache_misses, s->bigcache_bytes,
             (unsigned long long)s->slab_refills, s->heaps_live, s->heaps_orphaned);

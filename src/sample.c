@@ -223,7 +223,7 @@ void *sample_take(heap_t *heap, unsigned c, void *b, size_t size, uintptr_t site
     }
     if (!tracked)
         return b;
-    *(void **)b = heap->cache[c];
+    block_link(b, heap->cache[c]);
     heap->cache[c] = b;
     return tracked;
 }
@@ -232,10 +232,11 @@ void *sample_take(heap_t *heap, unsigned c, void *b, size_t size, uintptr_t site
 void *sample_fast_hit(heap_t *heap, unsigned c, void *b, size_t size, uintptr_t site)
 {
     uint64_t start = hak_ticks();
-    *(void **)b = heap->cache[c];
+    block_link(b, heap->cache[c]);
     heap->cache[c] = b;
     __asm__ volatile("" ::: "memory");
     b = heap->cache[c];
-    heap->cache[c] = *(void **)b;
+    heap->cache[c] = block_next(b);
+    block_handed_out(b);
     return sample_take(heap, c, b, size, site, hak_ticks() - start);
 }

@@ -43,7 +43,7 @@ static uint8_t span_for(size_t block_size)
 
 void sizeclass_init(void)
 {
-    hak_class_size[0] = 8;
+    hak_class_size[0] = HAK_SECURE ? 16 : 8; /* the hardened build marks a free block's second word */
     for (unsigned c = 1; c < TINY_CLASSES; c++)
         hak_class_size[c] = 16 * c;
     for (unsigned c = TINY_CLASSES; c < CLASS_COUNT; c++) {

@@ -30,4 +30,5 @@ HAK_EXPORT void hak_stats_get(hak_stats_t *out)
     out->tuner_threshold = tuner_arm_threshold[t.current];
     out->tuner_windows = t.windows;
     out->tuner_moves = t.moves;
+    out->hardened = HAK_SECURE;
 }

@@ -66,6 +66,13 @@ static superslab_t *superslab_map_locked(void)
     if (!ss)
         return NULL;
     ss->magic = SS_MAGIC;
+    static uint64_t secrets;
+    if (!secrets)
+        secrets = os_random_seed() | 1;
+    ss->secret = xorshift64(&secrets) * 0x9e3779b97f4a7c15u;
+    size_t page = os_page_size();
+    if (HAK_SECURE && page < SLAB_PAGE_SIZE) /* the header's last page guards it from the first slab */
+        os_protect((char *)ss + SLAB_PAGE_SIZE - page, page, false);
     ss->free_pages = DATA_PAGES_MASK;
     for (unsigned i = 0; i < SS_PAGES; i++)
         ss->page_slab[i] = &hak_no_slab;
@@ -117,12 +124,11 @@ static void heap_unlink_superslab(heap_t *heap, superslab_t *ss)
     ss->heap = NULL;
 }
 
-/* Unmap the pooled SuperSlabs beyond the reserve (the pool is newest
+/* Unmap the pooled SuperSlabs beyond the first `keep` (the pool is newest
  * first, and the newest stay): all of them with force, else those empty
  * for the purge delay. Returns when the next one falls due, or 0. */
-static uint64_t unmap_pool_beyond_reserve_locked(bool force, uint64_t now)
+static uint64_t unmap_pool_beyond_locked(size_t keep, bool force, uint64_t now)
 {
-    size_t keep = (size_t)hak_config.superslab_reserve;
     superslab_t **link = &ss_pool;
     uint64_t next_due = 0;
     for (size_t i = 0; *link; i++) {
@@ -141,18 +147,24 @@ static uint64_t unmap_pool_beyond_reserve_locked(bool force, uint64_t now)
     return next_due;
 }
 
-/* An empty SuperSlab for heap: from the pool, else newly mapped. */
+/* An empty SuperSlab for heap: from the pool, else newly mapped; if the
+ * mapping fails, once more after the caches gave their mappings back. */
 static superslab_t *superslab_take(heap_t *heap)
 {
-    pthread_mutex_lock(&ss_lock);
-    superslab_t *ss = ss_pool;
-    if (ss) {
-        ss_pool = ss->hnext;
-        ss_pool_count--;
-    } else {
-        ss = superslab_map_locked();
+    superslab_t *ss = NULL;
+    for (int attempt = 0; !ss && attempt < 2; attempt++) {
+        if (attempt && !hak_release_caches())
+            break;
+        pthread_mutex_lock(&ss_lock);
+        ss = ss_pool;
+        if (ss) {
+            ss_pool = ss->hnext;
+            ss_pool_count--;
+        } else {
+            ss = superslab_map_locked();
+        }
+        pthread_mutex_unlock(&ss_lock);
     }
-    pthread_mutex_unlock(&ss_lock);
     if (ss)
         heap_link_superslab(heap, ss);
     return ss;
@@ -170,7 +182,7 @@ static void superslab_give_back(heap_t *heap, superslab_t *ss)
     ss_pool = ss;
     bool beyond_reserve = ++ss_pool_count > (size_t)hak_config.superslab_reserve;
     if (beyond_reserve && hak_config.purge_delay_ms == 0)
-        unmap_pool_beyond_reserve_locked(true, 0);
+        unmap_pool_beyond_locked((size_t)hak_config.superslab_reserve, true, 0);
     pthread_mutex_unlock(&ss_lock);
     if (beyond_reserve && hak_config.purge_delay_ms != 0)
         purger_notify();
@@ -217,7 +229,7 @@ uint64_t superslab_purge(bool force)
         }
         pages_unlock(ss);
     }
-    next_due = due_earlier(next_due, unmap_pool_beyond_reserve_locked(force, now));
+    next_due = due_earlier(next_due, unmap_pool_beyond_locked((size_t)hak_config.superslab_reserve, force, now));
     pthread_mutex_unlock(&ss_lock);
     return next_due;
 }
@@ -343,7 +355,15 @@ void superslab_give_back_empty(heap_t *heap)
             superslab_give_back(heap, ss);
     }
     pthread_mutex_lock(&ss_lock);
-    unmap_pool_beyond_reserve_locked(true, 0);
+    unmap_pool_beyond_locked((size_t)hak_config.superslab_reserve, true, 0);
+    pthread_mutex_unlock(&ss_lock);
+}
+
+/* Out of memory: every pooled SuperSlab goes, the reserve too. */
+void superslab_unmap_pool(void)
+{
+    pthread_mutex_lock(&ss_lock);
+    unmap_pool_beyond_locked(0, true, 0);
     pthread_mutex_unlock(&ss_lock);
 }
 

@@ -3,7 +3,10 @@
 #ifndef HAKMEM_TEST_CHECK_H
 #define HAKMEM_TEST_CHECK_H
 
+#include "hakmem.h"
+
 #include <stdio.h>
+#include <stdlib.h>
 
 static int checks_passed, checks_failed;
 
@@ -17,6 +20,17 @@ static int checks_passed, checks_failed;
                 fprintf(stderr, "%s:%d: check failed: %s\n", __FILE__, __LINE__, #cond); \
         }                                                                              \
     } while (0)
+
+/* The secure_ tests preload the hardened library and say EXPECT_HARDENED:
+ * it must be the one serving (hak_stats_get resolves to it). */
+static inline void check_expected_build(void)
+{
+    if (getenv("EXPECT_HARDENED")) {
+        hak_stats_t s;
+        hak_stats_get(&s);
+        CHECK(s.hardened);
+    }
+}
 
 static inline int check_summary(const char *name)
 {

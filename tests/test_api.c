@@ -283,6 +283,7 @@ static void test_ownership_and_trim(void)
 
 int main(void)
 {
+    check_expected_build();
     test_sizes();
     test_usable_exact();
     test_calloc();

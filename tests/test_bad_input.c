@@ -6,6 +6,8 @@
 #include "check.h"
 #include "hakmem.h"
 
+#include <dlfcn.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -25,6 +27,7 @@ typedef struct bad_case {
     const char *fault; /* expected words of the diagnosis */
     size_t size;       /* block size for the cases that need one */
     void *(*run)(size_t size); /* does the bad thing; returns the bad pointer */
+    bool hardened_only; /* caught by the hardened build only (see docs/reliability.md) */
 } bad_case_t;
 
 static void announce(void *p)
@@ -63,6 +66,46 @@ static void *free_foreign_mapping(size_t size)
     return p;
 }
 
+/* Another allocator's heap: glibc's own malloc, looked up in libc itself. */
+static void *glibc_block(size_t size)
+{
+    void *libc = dlopen("libc.so.6", RTLD_LAZY | RTLD_NOLOAD);
+    void *(*glibc_malloc)(size_t) = libc ? (void *(*)(size_t))dlsym(libc, "malloc") : NULL;
+    return glibc_malloc ? glibc_malloc(size) : NULL;
+}
+
+static void *free_glibc_block(size_t size)
+{
+    void *p = glibc_block(size);
+    announce(p);
+    free(p);
+    return NULL;
+}
+
+static void *realloc_glibc_block(size_t size)
+{
+    void *p = glibc_block(size);
+    announce(p);
+    void *q = realloc(p, size * 2);
+    return q ? NULL : p; /* realloc must refuse */
+}
+
+static void *realloc_global(size_t size)
+{
+    void *p = global_object;
+    announce(p);
+    void *q = realloc(p, size);
+    return q ? NULL : p;
+}
+
+static void *realloc_foreign_mapping(size_t size)
+{
+    void *p = mmap(NULL, 1 << 16, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    announce(p);
+    void *q = realloc(p, size);
+    return q ? NULL : p;
+}
+
 static void *realloc_stack(size_t size)
 {
     char local[32];
@@ -79,6 +122,52 @@ static void *double_free(size_t size)
     free(p);
     free(p);
     return NULL; /* the block is legitimately free once: it may be reused */
+}
+
+/* Other blocks of the class are freed in between: the block is no longer
+ * the head of its free list. */
+static void *delayed_double_free(size_t size)
+{
+    char *p = malloc(size), *q = malloc(size), *r = malloc(size);
+    announce(p);
+    free(p);
+    free(q);
+    free(r);
+    free(p);
+    return NULL;
+}
+
+static void *free_in_thread(void *p)
+{
+    free(p);
+    return NULL;
+}
+
+/* Freed by its owner, then again by another thread. */
+static void *cross_thread_double_free(size_t size)
+{
+    char *p = malloc(size), *q = malloc(size);
+    announce(p);
+    free(p);
+    free(q);
+    pthread_t t;
+    pthread_create(&t, NULL, free_in_thread, p);
+    pthread_join(t, NULL);
+    return NULL;
+}
+
+/* Freed twice by another thread, the owner's blocks in between. */
+static void *remote_double_free(size_t size)
+{
+    char *p = malloc(size), *q = malloc(size);
+    announce(p);
+    pthread_t t;
+    pthread_create(&t, NULL, free_in_thread, p);
+    pthread_join(t, NULL);
+    free(q);
+    pthread_create(&t, NULL, free_in_thread, p);
+    pthread_join(t, NULL);
+    return NULL;
 }
 
 static void *interior_free(size_t size)
@@ -100,31 +189,60 @@ static void *interior_realloc(size_t size)
 }
 
 static const bad_case_t cases[] = {
-    {"free of a stack pointer", "free(", "not allocated by hakmem", 0, free_stack},
-    {"free of a global", "free(", "not allocated by hakmem", 0, free_global},
-    {"free of another allocator's memory", "free(", "not allocated by hakmem", 0, free_foreign_mapping},
-    {"realloc of a stack pointer", "realloc(", "not allocated by hakmem", 64, realloc_stack},
-    {"double free, tiny", "free(", "double free", 32, double_free},
-    {"double free, 8 B", "free(", "double free", 8, double_free},
-    {"double free, mid", "free(", "double free", 20000, double_free},
-    {"double free, large", "free(", "double free", 5 << 20, double_free},
-    {"interior pointer, tiny", "free(", "interior pointer", 64, interior_free},
-    {"interior pointer, mid", "free(", "interior pointer", 5000, interior_free},
-    {"interior pointer, large", "free(", "interior pointer", 3 << 20, interior_free},
-    {"realloc of an interior pointer", "realloc(", "interior pointer", 100, interior_realloc},
+    {"free of a stack pointer", "free(", "not allocated by hakmem", 0, free_stack, false},
+    {"free of a global", "free(", "not allocated by hakmem", 0, free_global, false},
+    {"free of another allocator's mapping", "free(", "not allocated by hakmem", 0, free_foreign_mapping, false},
+    {"free of glibc's heap", "free(", "not allocated by hakmem", 100, free_glibc_block, false},
+    {"realloc of a stack pointer", "realloc(", "not allocated by hakmem", 64, realloc_stack, false},
+    {"realloc of a global", "realloc(", "not allocated by hakmem", 64, realloc_global, false},
+    {"realloc of another allocator's mapping", "realloc(", "not allocated by hakmem", 64, realloc_foreign_mapping, false},
+    {"realloc of glibc's heap", "realloc(", "not allocated by hakmem", 100, realloc_glibc_block, false},
+    {"double free, tiny", "free(", "double free", 32, double_free, false},
+    {"double free, 8 B", "free(", "double free", 8, double_free, false},
+    {"double free, mid", "free(", "double free", 20000, double_free, false},
+    {"double free, large", "free(", "freed", 5 << 20, double_free, false},
+    {"delayed double free, tiny", "free(", "double free", 48, delayed_double_free, true},
+    {"delayed double free, mid", "free(", "double free", 9000, delayed_double_free, true},
+    {"delayed double free, large", "free(", "freed", 3 << 20, delayed_double_free, false},
+    {"cross-thread double free, tiny", "free(", "double free", 64, cross_thread_double_free, true},
+    {"cross-thread double free, mid", "free(", "double free", 30000, cross_thread_double_free, true},
+    {"cross-thread double free, large", "free(", "freed", 4 << 20, cross_thread_double_free, false},
+    {"remote double free, tiny", "free(", "double free", 96, remote_double_free, true},
+    {"remote double free, mid", "free(", "double free", 12000, remote_double_free, true},
+    {"interior pointer, tiny", "free(", "interior pointer", 64, interior_free, false},
+    {"interior pointer, mid", "free(", "interior pointer", 5000, interior_free, false},
+    {"interior pointer, large", "free(", "interior pointer", 3 << 20, interior_free, false},
+    {"realloc of an interior pointer", "realloc(", "interior pointer", 100, interior_realloc, false},
 };
 
-/* In warn mode the child goes on: the allocator must still be sound. */
+static int compare_pointers(const void *a, const void *b)
+{
+    uintptr_t x = *(const uintptr_t *)a, y = *(const uintptr_t *)b;
+    return (x > y) - (x < y);
+}
+
+/* In warn mode the child goes on: the allocator must still be sound. The
+ * next blocks of the size are all distinct (nothing handed out twice, the
+ * block freed twice included), and a block that survived the bad call is
+ * not handed out. */
 static int after_warning_ok(void *bad, size_t size)
 {
+    enum { N = 300 };
     if (size == 0)
         size = 64;
-    void *a = malloc(size), *b = malloc(size);
-    int ok = a && b && a != b && hak_owns(a) && hak_owns(b);
-    if (bad && hak_owns(bad)) /* a block that survived the bad call is intact */
-        ok &= (a != bad && b != bad) || !hak_owns(bad);
-    free(a);
-    free(b);
+    if (size > (1 << 20))
+        size = 1 << 20;
+    static void *blocks[N];
+    int ok = 1;
+    for (int i = 0; i < N; i++) {
+        blocks[i] = malloc(size);
+        ok &= blocks[i] && hak_owns(blocks[i]) && blocks[i] != bad;
+    }
+    qsort(blocks, N, sizeof blocks[0], compare_pointers);
+    for (int i = 1; i < N; i++)
+        ok &= (char *)blocks[i - 1] + size <= (char *)blocks[i];
+    for (int i = 0; i < N; i++)
+        free(blocks[i]);
     return ok;
 }
 
@@ -176,6 +294,9 @@ static void run_case(const bad_case_t *c, int warn)
 int main(int argc, char **argv)
 {
     size_t count = sizeof cases / sizeof cases[0];
+    hak_stats_t stats;
+    hak_stats_get(&stats);
+    check_expected_build();
     if (argc == 3 && strcmp(argv[1], "--case") == 0) {
         for (size_t i = 0; i < count; i++)
             if (strcmp(cases[i].name, argv[2]) == 0) {
@@ -184,9 +305,16 @@ int main(int argc, char **argv)
             }
         return 98;
     }
+    size_t skipped = 0;
     for (size_t i = 0; i < count; i++) {
+        if (cases[i].hardened_only && !stats.hardened) {
+            skipped++;
+            continue;
+        }
         run_case(&cases[i], 0);
         run_case(&cases[i], 1);
     }
+    printf("test_bad_input: %zu cases (%s build), %zu left to the hardened build\n", count - skipped,
+           stats.hardened ? "hardened" : "default", skipped);
     return check_summary("test_bad_input");
 }

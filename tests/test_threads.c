@@ -188,8 +188,13 @@ static void test_thread_churn(void)
     hak_stats_t late;
     hak_stats_get(&late);
     CHECK(churn_bad == 0);
-    /* Exited threads' memory is reused: 40 more rounds map nothing new. */
-    CHECK(late.mapped_peak <= early.mapped_peak + (4u << 20));
+    /* Exited threads' memory is reused: 40 more rounds map little more at
+     * their peak than the first 5 did (the rounds' own peaks vary with the
+     * threads' timing; a leak of a round's memory would add it 40 times). */
+    if (late.mapped_peak > early.mapped_peak + early.mapped_peak / 4)
+        fprintf(stderr, "churn: mapped peak %zu KiB after 5 rounds, %zu KiB after 45\n", early.mapped_peak >> 10,
+                late.mapped_peak >> 10);
+    CHECK(late.mapped_peak <= early.mapped_peak + early.mapped_peak / 4);
     CHECK(late.heaps_orphaned == 0); /* hak_collect took them all over */
     CHECK(late.tiny_bytes + late.mid_bytes < (1u << 20));
 }
@@ -275,6 +280,7 @@ static void test_fork(void)
 
 int main(int argc, char **argv)
 {
+    check_expected_build();
     if (argc > 1)
         per_producer = atol(argv[1]);
     test_producer_consumer();
