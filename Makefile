@@ -1,11 +1,11 @@
 # The README's two commands: `make bench` (build, install the competitors,
-# compare) and `make test` (build release, debug and UBSan, run every test).
+# compare) and `make test` (build release, debug, UBSan and TSan, run every test).
 JOBS ?= $(shell nproc)
 BENCH_ARGS ?=
 # Debian's python3, where python3-matplotlib installs (not a pyenv one)
 PYTHON ?= /usr/bin/python3
 
-.PHONY: all release debug ubsan test bench bench-full deps bench-deps install clean
+.PHONY: all release debug ubsan tsan soak fuzz test bench bench-full deps bench-deps install clean
 
 all: release
 
@@ -15,8 +15,10 @@ build/%/Makefile:
 CMAKE_ARGS_release = -DCMAKE_BUILD_TYPE=Release
 CMAKE_ARGS_debug = -DCMAKE_BUILD_TYPE=Debug -DHAKMEM_COUNTERS=ON
 CMAKE_ARGS_ubsan = -DCMAKE_BUILD_TYPE=Debug -DHAKMEM_SANITIZE=undefined
+# ThreadSanitizer owns malloc: hakmem keeps to its own names (hak_malloc ...)
+CMAKE_ARGS_tsan = -DCMAKE_BUILD_TYPE=Debug -DHAKMEM_SANITIZE=thread -DHAKMEM_OVERRIDE=OFF -DHAKMEM_BUILD_BENCH=OFF
 
-release debug ubsan: %: build/%/Makefile
+release debug ubsan tsan: %: build/%/Makefile
 	cmake --build build/$* -j $(JOBS)
 
 deps:
@@ -26,10 +28,22 @@ bench-deps:
 	scripts/install-deps.sh bench
 
 test: deps
-	$(MAKE) release debug ubsan
+	$(MAKE) release debug ubsan tsan
 	cd build/release && ctest --output-on-failure -j 2
 	cd build/debug && ctest --output-on-failure -j 2
 	cd build/ubsan && ctest --output-on-failure -j 2
+	cd build/tsan && ctest --output-on-failure
+
+# Long runs for local use: the soak (RSS flat over SOAK_SECONDS with thread
+# churn) and the fuzzer (FUZZ_SECONDS), both in minutes rather than seconds.
+SOAK_SECONDS ?= 600
+FUZZ_SECONDS ?= 600
+soak: release
+	build/release/tests/test_stress soak $(SOAK_SECONDS) 4
+	build/release/tests/test_stress stress $(SOAK_SECONDS) 8
+
+fuzz: deps
+	tests/fuzz.sh $(FUZZ_SECONDS)
 
 bench: bench-deps release
 	$(PYTHON) bench/run.py --build build/release $(BENCH_ARGS)

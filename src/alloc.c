@@ -94,7 +94,7 @@ static void *slab_block_checked(slab_t *s, void *p, const char *op)
     }
     uint32_t index = slab_block_index(s, p);
     char *block = s->start + (size_t)index * s->block_size;
-    if (unlikely(index >= s->carved)) {
+    if (unlikely(index >= slab_carved(s))) {
         hak_report_bad_pointer(op, p, "pointer into hakmem memory that was never handed out");
         return NULL;
     }

@@ -105,28 +105,47 @@ static void slab_drain_remote(slab_t *s)
     s->used -= n;
 }
 
-/* The hardened build hands out new blocks in random order: the n blocks
- * from first are threaded as a random permutation. */
-#define CARVE_MAX_BLOCKS (CARVE_BYTES / 16 > CARVE_MIN_TINY ? CARVE_BYTES / 16 : CARVE_MIN_TINY)
+/* The hardened build hands out new blocks in an order that cannot be
+ * foreseen: the n blocks from first are threaded as index r, r + k, r + 2k
+ * ... modulo n, with a random start r and a random step k prime to n (a
+ * full shuffle cost a quarter of the time of a refill-heavy loop). */
+static uint32_t gcd(uint32_t a, uint32_t b)
+{
+    while (b) {
+        uint32_t t = a % b;
+        a = b, b = t;
+    }
+    return a;
+}
 
 static void *thread_shuffled(char *first, uint32_t n, uint32_t block_size, void **tail)
 {
     static HAK_TLS uint64_t rng;
     if (!rng)
         rng = superslab_of(first)->secret | 1;
-    uint16_t order[CARVE_MAX_BLOCKS];
-    for (uint32_t i = 0; i < n; i++)
-        order[i] = (uint16_t)i;
-    for (uint32_t i = n - 1; i > 0; i--) {
-        uint32_t j = (uint32_t)(xorshift64(&rng) % (i + 1));
-        uint16_t t = order[i];
-        order[i] = order[j], order[j] = t;
+    uint64_t draw = xorshift64(&rng);
+    uint32_t index = (uint32_t)(draw % n), step = 1;
+    if (n > 2)
+        for (int tries = 0; tries < 8; tries++) {
+            uint32_t k = 1 + (uint32_t)((draw >> 32) % (n - 1));
+            draw = xorshift64(&rng);
+            if (gcd(k, n) == 1) {
+                step = k;
+                break;
+            }
+        }
+    char *head = first + (size_t)index * block_size, *b = head;
+    for (uint32_t i = 1; i < n; i++) {
+        index += step;
+        if (index >= n)
+            index -= n;
+        char *next = first + (size_t)index * block_size;
+        block_link(b, next);
+        b = next;
     }
-    for (uint32_t i = 0; i + 1 < n; i++)
-        block_link(first + (size_t)order[i] * block_size, first + (size_t)order[i + 1] * block_size);
-    *tail = first + (size_t)order[n - 1] * block_size;
-    block_link(*tail, NULL);
-    return first + (size_t)order[0] * block_size;
+    block_link(b, NULL);
+    *tail = b;
+    return head;
 }
 
 /* Thread the next never-used blocks into a list, or return NULL when every
@@ -143,7 +162,7 @@ static void *slab_carve(slab_t *s, void **tail)
     if (n > left)
         n = left;
     char *first = s->start + (size_t)s->carved * s->block_size;
-    s->carved += n;
+    __atomic_store_n(&s->carved, s->carved + n, __ATOMIC_RELAXED); /* read by other threads' frees */
     s->used += n;
     s->carved_end = first + (size_t)n * s->block_size;
     if (HAK_SECURE)
@@ -523,7 +542,7 @@ static heap_t *heap_new_locked(void)
         if (h->state == HEAP_FREE)
             return h;
     size_t size = (sizeof(heap_t) + 63) & ~(size_t)63;
-    if (meta_next + size > meta_end) {
+    if ((size_t)(meta_end - meta_next) < size) { /* not meta_next + size: NULL at first */
         meta_next = os_map(META_CHUNK);
         if (!meta_next)
             return NULL;

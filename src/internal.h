@@ -126,13 +126,18 @@ typedef struct slab {
     char *carved_end;          /* blocks below were threaded at least once */
     uint64_t recip;            /* ceil(2^43 / block_size): exact division for offsets < 2 MiB */
     uint32_t capacity;         /* blocks that fit in the slab */
-    uint32_t carved;           /* blocks carved so far; the rest were never touched */
+    uint32_t carved;           /* blocks carved so far; the rest were never touched (slab_carved) */
     uint8_t class_idx;
     uint8_t span;              /* pages */
     uint8_t in_use;            /* owned by a heap (else the pages are free) */
     struct slab *next, *prev;  /* the owner heap's list for this class */
     _Atomic(void *) remote;    /* MPSC list of blocks freed by other threads */
 } slab_t;
+
+/* Other threads check a pointer they free against `carved` while the owner
+ * carves: an atomic read (a plain load on x86-64 and aarch64) keeps the
+ * race defined. The blocks they free were carved before they got them. */
+static inline uint32_t slab_carved(const slab_t *s) { return __atomic_load_n(&s->carved, __ATOMIC_RELAXED); }
 
 #define RECIP_SHIFT 43
 /* off * recip has zero bits RECIP_SHIFT-1..SS_SHIFT exactly when off (below

@@ -81,5 +81,78 @@ run bash bash script.sh
 
 run cxx "$cxx_churn"
 
+# python3's own test modules (timings cut from the summary line); none that
+# checks a child's stderr, where HAKMEM_STATS puts the child's report.
+run python3_stdlib_tests sh -c '/usr/bin/python3 -m unittest test.test_re test.test_collections test.test_heapq \
+  test.test_bisect test.test_dict test.test_set test.test_list test.test_deque test.test_ordered_dict 2>&1 |
+  grep -E "^(OK|FAILED|Ran)" | sed "s/ in .*s$//"'
+
+if command -v sqlite3 >/dev/null; then
+  cat >rows.sql <<'SQL'
+CREATE TABLE t(id INTEGER PRIMARY KEY, k INTEGER, name TEXT, v REAL);
+WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 1000000)
+INSERT INTO t SELECT i, (i * 7919) % 1000, 'name' || (i % 5003), i * 0.5 FROM n;
+CREATE INDEX t_k ON t(k);
+SELECT count(*), sum(k), round(sum(v), 1) FROM t;
+SELECT k, count(*), min(name), max(id) FROM t WHERE k < 5 GROUP BY k;
+SELECT name, count(*) FROM t GROUP BY name ORDER BY count(*) DESC, name LIMIT 3;
+DELETE FROM t WHERE id % 3 = 0;
+SELECT count(*), total(v) FROM t;
+SQL
+  run sqlite3 sh -c 'sqlite3 :memory: <rows.sql'
+else
+  echo "FAIL sqlite3: not installed (scripts/install-deps.sh test)"; failed=$((failed + 1))
+fi
+
+cat >prog.c <<'C'
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+struct node { struct node *next; char name[24]; };
+static int cmp(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
+int main(void) {
+    struct node *list = NULL; char *names[5000];
+    for (int i = 0; i < 5000; i++) {
+        struct node *n = malloc(sizeof *n); snprintf(n->name, sizeof n->name, "n%d", (i * 7919) % 5000);
+        n->next = list; list = n; names[i] = n->name;
+    }
+    qsort(names, 5000, sizeof names[0], cmp);
+    printf("%s %s %s\n", names[0], names[2500], names[4999]);
+    while (list) { struct node *n = list->next; free(list); list = n; }
+    return 0;
+}
+C
+run gcc sh -c 'gcc -O2 -Wall -o prog prog.c && ./prog && gcc -O0 -g -c prog.c -o prog.o && echo compiled'
+
+cat >script.pl <<'PL'
+my %h; my @a;
+for my $i (1 .. 200000) { $h{"k" . ($i % 7001)} .= chr(97 + $i % 26); push @a, sprintf("%07d", ($i * 7919) % 1000003); }
+my @s = sort @a; my $n = grep { /^00[0-4]/ } @s;
+my $joined = join ",", map { length $h{$_} } sort keys %h;
+print scalar(keys %h), " $n $s[0] $s[-1] ", length($joined), "\n";
+(my $t = "abc" x 100000) =~ s/b/BB/g; print length($t), "\n";
+PL
+run perl perl script.pl
+
+# redis: a server on hakmem serves redis-benchmark (timings are not compared)
+# and a scripted session whose replies are.
+if command -v redis-server >/dev/null && command -v redis-benchmark >/dev/null; then
+  cat >redis.sh <<'SH'
+port=$((20000 + $$ % 20000))
+redis-server --port $port --bind 127.0.0.1 --save '' --appendonly no >server.log 2>&1 &
+server=$!
+for i in $(seq 1 100); do redis-cli -p $port ping >/dev/null 2>&1 && break; sleep 0.05; done
+redis-benchmark -p $port -q -n 20000 -P 16 -t set,get,lpush,lpop,incr,hset >/dev/null || echo "benchmark failed"
+for i in $(seq 1 3000); do echo "SET key:$i $(printf 'v%0*d' $((i % 300)) $i)"; echo "RPUSH list $i"; done | redis-cli -p $port >/dev/null
+redis-cli -p $port DBSIZE; redis-cli -p $port LLEN list; redis-cli -p $port GET key:2999 | md5sum
+redis-cli -p $port STRLEN key:299; redis-cli -p $port INFO keyspace | grep -c db0
+redis-cli -p $port SHUTDOWN NOSAVE >/dev/null 2>&1; wait $server
+cat server.log >&2
+SH
+  run redis bash redis.sh
+else
+  echo "FAIL redis: redis-server or redis-benchmark missing (scripts/install-deps.sh test)"; failed=$((failed + 1))
+fi
+
 echo "real_programs: $passed passed, $failed failed"
 [ "$failed" -eq 0 ]

@@ -92,7 +92,7 @@ static void test_random_order(void)
         rising += i && p[i] > p[i - 1];
     }
     printf("test_secure: %u of %d consecutive blocks at rising addresses\n", rising, N - 1);
-    CHECK(rising > N / 4 && rising < 3 * N / 4);
+    CHECK(rising > 20 && rising < 170); /* in address order all but a few would rise */
     for (int i = 0; i < N; i++)
         free(p[i]);
 }
