@@ -153,7 +153,7 @@ void os_protect(void *p, size_t size, bool accessible)
 }
 
 /* 64 random bits the kernel gave the process at exec (AT_RANDOM), mixed
- * with the clock so that a forked child's new draws differ too. */
+ * with the clock in case the auxiliary vector lacks them. */
 uint64_t os_random_seed(void)
 {
     uint64_t seed = 0;

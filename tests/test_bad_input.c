@@ -143,6 +143,13 @@ static void *free_in_thread(void *p)
     return NULL;
 }
 
+static void free_from_another_thread(void *p)
+{
+    pthread_t t;
+    pthread_create(&t, NULL, free_in_thread, p);
+    pthread_join(t, NULL);
+}
+
 /* Freed by its owner, then again by another thread. */
 static void *cross_thread_double_free(size_t size)
 {
@@ -150,9 +157,7 @@ static void *cross_thread_double_free(size_t size)
     announce(p);
     free(p);
     free(q);
-    pthread_t t;
-    pthread_create(&t, NULL, free_in_thread, p);
-    pthread_join(t, NULL);
+    free_from_another_thread(p);
     return NULL;
 }
 
@@ -161,12 +166,9 @@ static void *remote_double_free(size_t size)
 {
     char *p = malloc(size), *q = malloc(size);
     announce(p);
-    pthread_t t;
-    pthread_create(&t, NULL, free_in_thread, p);
-    pthread_join(t, NULL);
+    free_from_another_thread(p);
     free(q);
-    pthread_create(&t, NULL, free_in_thread, p);
-    pthread_join(t, NULL);
+    free_from_another_thread(p);
     return NULL;
 }
 

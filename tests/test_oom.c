@@ -5,6 +5,7 @@
 #define _GNU_SOURCE
 #include "check.h"
 #include "hakmem.h"
+#include "rss.h"
 
 #include <errno.h>
 #include <stdint.h>
@@ -12,18 +13,7 @@
 #include <string.h>
 #include <sys/resource.h>
 
-static size_t vm_size_bytes(void)
-{
-    FILE *f = fopen("/proc/self/status", "r");
-    char line[256];
-    size_t kib = 0;
-    while (f && fgets(line, sizeof line, f))
-        if (sscanf(line, "VmSize: %zu kB", &kib) == 1)
-            break;
-    if (f)
-        fclose(f);
-    return kib * 1024;
-}
+static size_t vm_size_bytes(void) { return proc_kib_field_bytes("/proc/self/status", "VmSize: %zu kB"); }
 
 #define KEPT 300
 static unsigned char *kept[KEPT];
