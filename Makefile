@@ -5,7 +5,7 @@ BENCH_ARGS ?=
 # Debian's python3, where python3-matplotlib installs (not a pyenv one)
 PYTHON ?= /usr/bin/python3
 
-.PHONY: all release debug ubsan tsan soak fuzz test bench bench-full deps bench-deps install clean
+.PHONY: all release debug ubsan tsan soak fuzz long-run test bench bench-full deps bench-deps install clean
 
 all: release
 
@@ -44,6 +44,12 @@ soak: release
 
 fuzz: deps
 	tests/fuzz.sh $(FUZZ_SECONDS)
+
+# The long run of docs/reliability.md: soak, fuzzer and the fault tests
+# side by side for LONG_SECONDS.
+LONG_SECONDS ?= 3600
+long-run: deps release
+	scripts/long_run.sh $(LONG_SECONDS)
 
 bench: bench-deps release
 	$(PYTHON) bench/run.py --build build/release $(BENCH_ARGS)

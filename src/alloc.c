@@ -122,7 +122,7 @@ void hak_free_irregular(slab_t *s, void *p, const char *op)
         hak_remote_free(s, block);
         return;
     }
-    if (unlikely(block == s->free || s->used == 0)) {
+    if (unlikely(s->used == 0)) {
         hak_report_bad_pointer(op, p, "double free");
         return;
     }
@@ -192,7 +192,7 @@ void *hak_realloc_impl(void *p, size_t size, uintptr_t site)
 void *hak_alloc_aligned(size_t align, size_t size, uintptr_t site)
 {
     hak_ensure_init(); /* the class tables below must be filled */
-    if (align <= 8 || (align <= 16 && size > 8))
+    if (align <= 16) /* every block is 16-aligned */
         return hak_alloc(size, site);
     if (unlikely(size > PTRDIFF_MAX - align))
         return fail_enomem();
@@ -201,7 +201,7 @@ void *hak_alloc_aligned(size_t align, size_t size, uintptr_t site)
         unsigned c = class_of(natural);
         if (hak_class_size[c] % align == 0)
             return hak_alloc_class(c, size, site);
-        size_t padded = size + align - 16; /* blocks above 8 B are 16-aligned */
+        size_t padded = size + align - 16;
         if (size_in_slabs(padded)) {
             char *b = hak_alloc(padded, 0); /* not tracked: the block would be freed from inside */
             if (!b)

@@ -29,16 +29,15 @@ static inline void *hak_alloc_class(unsigned c, size_t size, uintptr_t site)
 static inline void *hak_alloc(size_t size, uintptr_t site)
 {
     if (likely(size <= TINY_MAX))
-        return hak_alloc_class(hak_tiny_class_of[(size + 7) >> 3], size, site);
+        return hak_alloc_class(hak_tiny_class_of[(size + 15) >> 4], size, site);
     return hak_alloc_slow_size(size, site);
 }
 
 /* Free: mask to the SuperSlab, look up the slab, and if the caller owns it
  * with no flag set, push the block onto the slab's free list. Anything
  * unusual (another thread's slab, a flagged slab, the slab's last block,
- * a pointer that is not a block start, a double free: immediate, or any
- * in the hardened build) goes to
- * hak_free_irregular, which also reports. */
+ * a pointer that is not a block start, a block that carries the free mark)
+ * goes to hak_free_irregular, which also reports. */
 static inline void hak_free_checked(void *p, const char *op)
 {
     if (unlikely(segmap_kind(p) != SEG_SUPERSLAB)) {
@@ -50,9 +49,9 @@ static inline void hak_free_checked(void *p, const char *op)
     if (likely(atomic_load_explicit(&s->owner, memory_order_relaxed) == (uintptr_t)heap)) {
         uint64_t offset_times_recip = (uint64_t)((char *)p - s->start) * s->recip;
         uint32_t used = s->used;
-        /* used <= 1: the slab empties (or the block was free already). */
+        /* used <= 1: the slab empties. */
         if (likely(!(offset_times_recip & RECIP_REMAINDER_BITS) && (char *)p < s->carved_end &&
-                   p != s->free && used > 1 && !block_is_free(p))) {
+                   used > 1 && !block_is_free(p))) {
             HAK_COUNT(heap, free_local);
             block_link(p, s->free);
             s->free = p;

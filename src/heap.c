@@ -122,7 +122,7 @@ static void *thread_shuffled(char *first, uint32_t n, uint32_t block_size, void 
 {
     static HAK_TLS uint64_t rng;
     if (!rng)
-        rng = superslab_of(first)->secret | 1;
+        rng = os_random() | 1;
     uint64_t draw = xorshift64(&rng);
     uint32_t index = (uint32_t)(draw % n), step = 1;
     if (n > 2)
@@ -134,16 +134,18 @@ static void *thread_shuffled(char *first, uint32_t n, uint32_t block_size, void 
                 break;
             }
         }
-    char *head = first + (size_t)index * block_size, *b = head;
+    block_keys_t keys = block_keys(first);
+    size_t stride = (size_t)step * block_size, span = (size_t)n * block_size;
+    size_t offset = (size_t)index * block_size;
+    char *head = first + offset, *b = head;
     for (uint32_t i = 1; i < n; i++) {
-        index += step;
-        if (index >= n)
-            index -= n;
-        char *next = first + (size_t)index * block_size;
-        block_link(b, next);
-        b = next;
+        offset += stride;
+        if (offset >= span)
+            offset -= span;
+        block_link_with(b, first + offset, keys);
+        b = first + offset;
     }
-    block_link(b, NULL);
+    block_link_with(b, NULL, keys);
     *tail = b;
     return head;
 }
@@ -167,10 +169,11 @@ static void *slab_carve(slab_t *s, void **tail)
     s->carved_end = first + (size_t)n * s->block_size;
     if (HAK_SECURE)
         return thread_shuffled(first, n, s->block_size, tail);
+    block_keys_t keys = block_keys(first);
     char *b = first;
     for (uint32_t i = 1; i < n; i++, b += s->block_size)
-        block_link(b, b + s->block_size);
-    block_link(b, NULL);
+        block_link_with(b, b + s->block_size, keys);
+    block_link_with(b, NULL, keys);
     *tail = b;
     return first;
 }
@@ -178,11 +181,13 @@ static void *slab_carve(slab_t *s, void **tail)
 /* Bytes an empty slab keeps resident: the blocks it ever carved. */
 static size_t slab_touched_bytes(const slab_t *s) { return (size_t)s->carved * s->block_size; }
 
-/* An empty current slab the heap kept is in use again, or leaves. */
+/* An empty slab the heap kept (current or spare) is in use again, or leaves. */
 static void heap_unkeep(heap_t *heap, slab_t *s)
 {
-    if (s->used == 0)
+    if (s->used == 0) {
+        hak_assert(heap->kept_empty_bytes >= slab_touched_bytes(s));
         heap->kept_empty_bytes -= slab_touched_bytes(s);
+    }
 }
 
 /* Blocks for the cache from s, which becomes (or is) the current slab:
@@ -247,32 +252,61 @@ static void heap_unlink_slab(heap_t *heap, slab_t *s)
 }
 
 /* An empty slab leaves its class: kept as a spare if it is one page and
- * there is room (a batch that fills and empties a few slabs would
- * otherwise give them back and take them again each time), else back to
- * its SuperSlab. */
+ * the heap's kept empty slabs stay within their budget (a batch that fills
+ * and empties a few slabs would otherwise give them back, take them again
+ * and thread their blocks anew each time), else back to its SuperSlab. */
 static void heap_release_slab(heap_t *heap, slab_t *s)
 {
     heap_unlink_slab(heap, s);
-    if (s->span == 1 && heap->spare_count < HEAP_SPARE_SLABS)
-        heap->spare[heap->spare_count++] = s;
-    else
+    size_t touched = slab_touched_bytes(s);
+    if (s->span == 1 && heap->kept_empty_bytes + touched <= HEAP_KEPT_EMPTY_BYTES) {
+        heap->kept_empty_bytes += touched;
+        s->next = heap->spares;
+        heap->spares = s;
+    } else {
         superslab_slab_release(heap, s);
+    }
+}
+
+static slab_t *heap_unlink_spare(slab_t **link)
+{
+    slab_t *s = *link;
+    *link = s->next;
+    s->next = NULL;
+    return s;
+}
+
+/* A spare leaves the kept slabs, to be formatted or given back. */
+static slab_t *heap_drop_spare(heap_t *heap)
+{
+    slab_t *s = heap_unlink_spare(&heap->spares);
+    heap_unkeep(heap, s);
+    return s;
 }
 
 /* from's spares go back to their SuperSlabs, which heap owns (heap is from
  * itself, or the heap that adopted an orphan's SuperSlabs). */
 static void heap_release_spares(heap_t *heap, heap_t *from)
 {
-    while (from->spare_count)
-        superslab_slab_release(heap, from->spare[--from->spare_count]);
+    while (from->spares)
+        superslab_slab_release(heap, heap_drop_spare(from));
 }
 
-/* A new slab for class c: a spare if the class fits one page, else pages
- * from the heap's SuperSlabs. */
+/* A new slab for class c: a spare if the class fits one page (one of the
+ * class as it is, with its blocks threaded already, else any, formatted),
+ * else pages from the heap's SuperSlabs. */
 static slab_t *heap_new_slab(heap_t *heap, unsigned c)
 {
-    if (hak_class_span[c] == 1 && heap->spare_count) {
-        slab_t *s = heap->spare[--heap->spare_count];
+    if (hak_class_span[c] == 1 && heap->spares) {
+        for (slab_t **link = &heap->spares; *link; link = &(*link)->next)
+            if ((*link)->class_idx == c) {
+                /* An empty current slab now: still kept until it hands out
+                 * blocks (heap_unkeep). */
+                slab_t *s = heap_unlink_spare(link);
+                atomic_store_explicit(&s->owner, (uintptr_t)heap, memory_order_relaxed); /* no flag */
+                return s;
+            }
+        slab_t *s = heap_drop_spare(heap);
         slab_format(s, heap, c);
         return s;
     }

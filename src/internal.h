@@ -51,19 +51,20 @@ enum seg_kind {
 
 /* ---- Size classes ------------------------------------------------------ */
 
-/* Tiny: 8 B, then 16 B steps to 1 KiB (65 classes, 16 B granularity keeps
- * rounding waste near glibc's). Mid: 8 classes per doubling above 1 KiB
- * (at most 12.5% rounding waste) up to 1.875 MiB, the largest that fits a
- * SuperSlab beside its header page (the 2 MiB class would not). */
+/* Tiny: 16 B steps to 1 KiB (64 classes; 16 B granularity keeps rounding
+ * waste near glibc's, and 16 B blocks leave room for the free mark). Mid:
+ * 8 classes per doubling above 1 KiB (at most 12.5% rounding waste) up to
+ * 1.875 MiB, the largest that fits a SuperSlab beside its header page (the
+ * 2 MiB class would not). */
 #define TINY_MAX 1024
-#define TINY_CLASSES 65
+#define TINY_CLASSES 64
 #define MID_CLASSES_PER_DOUBLING 8
 #define MID_MIN_SHIFT 10 /* 1 KiB */
 #define MID_MAX_SHIFT 21 /* classes up to 2 MiB, less the last one */
 #define SLAB_CLASS_MAX ((size_t)15 << (MID_MAX_SHIFT - 4)) /* 1.875 MiB */
 #define CLASS_COUNT (TINY_CLASSES + (MID_MAX_SHIFT - MID_MIN_SHIFT) * MID_CLASSES_PER_DOUBLING - 1)
 
-extern const uint8_t hak_tiny_class_of[TINY_MAX / 8 + 1];
+extern const uint8_t hak_tiny_class_of[TINY_MAX / 16 + 1];
 extern uint32_t hak_class_size[CLASS_COUNT];
 extern uint8_t hak_class_span[CLASS_COUNT];
 void sizeclass_init(void);
@@ -80,7 +81,7 @@ static inline unsigned mid_class_of(size_t size)
 static inline unsigned class_of(size_t size)
 {
     if (likely(size <= TINY_MAX))
-        return hak_tiny_class_of[(size + 7) >> 3];
+        return hak_tiny_class_of[(size + 15) >> 4];
     return mid_class_of(size);
 }
 
@@ -159,7 +160,8 @@ static inline struct heap *slab_owner_heap(uintptr_t owner)
  * purges dirty pages; the page lock orders the two. */
 typedef struct superslab {
     uint32_t magic;
-    uint64_t secret;          /* random: keys the block links of HAKMEM_SECURE */
+    uint64_t mark_secret;     /* random: keys the free mark of its blocks */
+    uint64_t link_secret;     /* random: keys the block links of HAKMEM_SECURE */
     uint32_t free_pages;      /* bit i: data page i belongs to no slab (owner writes) */
     uint32_t dirty_pages;     /* free pages touched since they were last purged (page lock) */
     _Atomic int pages_lock;
@@ -200,14 +202,18 @@ static inline uint32_t slab_block_index(const slab_t *s, const void *p)
     return (uint32_t)((off * s->recip) >> RECIP_SHIFT);
 }
 
-/* ---- Block links ------------------------------------------------------- */
+/* ---- Block links and the free mark ------------------------------------ */
 
-/* A block not handed out holds the link to the next one in its first word.
- * The hardened build (HAKMEM_SECURE) stores the link xor a key, its
- * SuperSlab's secret mixed with its own address, so that a write after
- * free cannot plant a pointer the allocator would follow; and it marks
- * the second word (blocks are 16 B at least there), so that every free
- * sees a block freed twice. Without it these compile to plain accesses. */
+/* A block not handed out holds the link to the next one in its first word
+ * and a mark in its second (blocks are 16 B at least): its SuperSlab's
+ * random mark secret xor its own address. Handing a block out clears the
+ * mark, so that every free tells a free block from a live one: a double
+ * free is caught however late it comes and from whichever thread (a live
+ * block holds its mark by chance once in 2^64, and a copy of a freed
+ * block's bytes elsewhere is not a mark there). The hardened build
+ * (HAKMEM_SECURE) also stores the link xor a second secret and the
+ * address, so that a write after free cannot plant a pointer the allocator
+ * would follow (and reading a mark tells nothing of that key). */
 #ifdef HAKMEM_SECURE
 #define HAK_SECURE 1
 #else
@@ -216,40 +222,46 @@ static inline uint32_t slab_block_index(const slab_t *s, const void *p)
 
 void hak_free_list_corrupt(const void *b) __attribute__((noreturn));
 
-static inline uintptr_t block_key(const void *b)
+/* The secrets of a SuperSlab, read once for a run of links into it. */
+typedef struct block_keys {
+    uintptr_t link, mark;
+} block_keys_t;
+
+static inline block_keys_t block_keys(const void *b)
 {
-    return HAK_SECURE ? superslab_of(b)->secret ^ (uintptr_t)b : 0;
+    const superslab_t *ss = superslab_of(b);
+    return (block_keys_t){HAK_SECURE ? ss->link_secret : 0, ss->mark_secret};
 }
 
 static inline void *block_next(const void *b)
 {
-    uintptr_t next = *(const uintptr_t *)b ^ block_key(b);
-    /* a list never leaves its slab, let alone its SuperSlab */
-    if (HAK_SECURE && unlikely(next && (next ^ (uintptr_t)b) >> SS_SHIFT))
-        hak_free_list_corrupt(b);
+    uintptr_t next = *(const uintptr_t *)b;
+    if (HAK_SECURE) {
+        next ^= block_keys(b).link ^ (uintptr_t)b;
+        /* a list never leaves its slab, let alone its SuperSlab (the NULL
+         * that ends it is the rare case, tested last) */
+        if (unlikely((next ^ (uintptr_t)b) >> SS_SHIFT) && next)
+            hak_free_list_corrupt(b);
+    }
     return (void *)next;
 }
 
 /* b joins a list, in front of next. */
-static inline void block_link(void *b, void *next)
+static inline void block_link_with(void *b, void *next, block_keys_t keys)
 {
-    uintptr_t key = block_key(b); /* once: the stores below might alias the secret */
-    *(uintptr_t *)b = (uintptr_t)next ^ key;
-    if (HAK_SECURE)
-        ((uintptr_t *)b)[1] = ~key;
+    ((uintptr_t *)b)[0] = (uintptr_t)next ^ (HAK_SECURE ? keys.link ^ (uintptr_t)b : 0);
+    ((uintptr_t *)b)[1] = keys.mark ^ (uintptr_t)b;
 }
 
-/* Hardened build: b is on a list or in a cache (else always false). */
+static inline void block_link(void *b, void *next) { block_link_with(b, next, block_keys(b)); }
+
+/* b is on a list or in a cache. */
 static inline bool block_is_free(const void *b)
 {
-    return HAK_SECURE && ((const uintptr_t *)b)[1] == ~block_key(b);
+    return ((const uintptr_t *)b)[1] == (block_keys(b).mark ^ (uintptr_t)b);
 }
 
-static inline void block_handed_out(void *b)
-{
-    if (HAK_SECURE)
-        ((uintptr_t *)b)[1] = 0;
-}
+static inline void block_handed_out(void *b) { ((uintptr_t *)b)[1] = 0; }
 
 /* ---- Segment map ------------------------------------------------------- */
 
@@ -296,15 +308,12 @@ enum { HAK_COUNTER_LIST(HAK_COUNTER_ENUM) HAK_COUNTER_COUNT };
 #define HAK_COUNT(heap, name) ((void)(heap))
 #endif
 
-/* Empty current slabs a heap keeps (the next allocation of the class
- * would take a slab again at once), as long as their touched pages add up
- * to no more than this; beyond it an emptied slab goes back to its
- * SuperSlab, where the purger can reach its pages. This bounds what a
- * sleeping thread holds dirty. */
+/* Empty slabs a heap keeps, current ones (the next allocation of the
+ * class would take a slab again at once) and one-page spares for its next
+ * refills, as long as their touched pages add up to no more than this;
+ * beyond it an emptied slab goes back to its SuperSlab, where the purger
+ * can reach its pages. This bounds what a sleeping thread holds dirty. */
 #define HEAP_KEPT_EMPTY_BYTES ((size_t)1 << 20)
-
-/* Empty one-page slabs a heap keeps for its next refill of any class. */
-#define HEAP_SPARE_SLABS 4
 
 /* Per-thread state. The allocation fast path pops cache[c]: a list of free
  * blocks of cur[c], the slab it is filled from. Heaps are never unmapped
@@ -314,9 +323,8 @@ typedef struct heap {
     slab_t *cur[CLASS_COUNT];   /* the slab the cache is filled from, or NULL */
     slab_t *owned[CLASS_COUNT]; /* the class's other slabs: a circular list, searched in turn */
     struct superslab *superslabs; /* the SuperSlabs this heap carves slabs from */
-    size_t kept_empty_bytes;   /* touched bytes of the empty current slabs kept */
-    slab_t *spare[HEAP_SPARE_SLABS]; /* empty one-page slabs, ready for any class */
-    unsigned spare_count;
+    size_t kept_empty_bytes;   /* touched bytes of the empty slabs kept: current ones, spares */
+    slab_t *spares;            /* empty one-page slabs, linked through next, ready for any class */
     _Atomic uint64_t remote_hint[(CLASS_COUNT + 63) / 64]; /* class got a remote free */
     long sample_left;          /* allocations until the next sample (sample.c) */
     long sample_interval;      /* the interval sample_left counts down from */
@@ -575,7 +583,7 @@ void os_unmap(void *p, size_t size);
 void os_purge(void *p, size_t size);
 void os_prefault(void *p, size_t size);
 void os_protect(void *p, size_t size, bool accessible);
-uint64_t os_random_seed(void);
+uint64_t os_random(void);
 size_t os_page_size(void);
 uint64_t os_now_ms(void);
 uint64_t os_now_ns(void);

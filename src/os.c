@@ -8,6 +8,7 @@
 #include <fcntl.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/random.h>
 #include <sys/auxv.h>
 #include <sys/resource.h>
 #include <time.h>
@@ -152,15 +153,22 @@ void os_protect(void *p, size_t size, bool accessible)
     errno = saved;
 }
 
-/* 64 random bits the kernel gave the process at exec (AT_RANDOM), mixed
- * with the clock in case the auxiliary vector lacks them. */
-uint64_t os_random_seed(void)
+/* 64 random bits from getrandom; where it fails (no entropy yet, a seccomp
+ * filter) the kernel's AT_RANDOM bytes mixed with the clock and a counter. */
+uint64_t os_random(void)
 {
-    uint64_t seed = 0;
+    uint64_t v;
+    if (getrandom(&v, sizeof v, GRND_NONBLOCK) == (ssize_t)sizeof v)
+        return v;
+    static _Atomic uint64_t calls;
+    v = 0;
     const void *random = (const void *)getauxval(AT_RANDOM);
     if (random)
-        memcpy(&seed, random, sizeof seed);
-    return seed ^ os_now_ns();
+        memcpy(&v, random, sizeof v);
+    v ^= os_now_ns() + atomic_fetch_add_explicit(&calls, 0x9e3779b97f4a7c15u, memory_order_relaxed);
+    v = (v ^ (v >> 30)) * 0xbf58476d1ce4e5b9u; /* splitmix64's finalizer */
+    v = (v ^ (v >> 27)) * 0x94d049bb133111ebu;
+    return v ^ (v >> 31);
 }
 
 uint64_t os_now_ms(void)

@@ -2,16 +2,14 @@
  * pages a slab of each class spans. */
 #include "internal.h"
 
-/* hak_tiny_class_of[(size + 7) / 8]: class 0 is 8 B, class k (k >= 1) is
- * 16 * k bytes. Constant so that the fast path can use it before init. */
-const uint8_t hak_tiny_class_of[TINY_MAX / 8 + 1] = {
-    0, 0, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7, 8, 8, 9, 9, 10, 10, 11, 11, 12,
-    12, 13, 13, 14, 14, 15, 15, 16, 16, 17, 17, 18, 18, 19, 19, 20, 20, 21, 21,
-    22, 22, 23, 23, 24, 24, 25, 25, 26, 26, 27, 27, 28, 28, 29, 29, 30, 30, 31,
-    31, 32, 32, 33, 33, 34, 34, 35, 35, 36, 36, 37, 37, 38, 38, 39, 39, 40, 40,
-    41, 41, 42, 42, 43, 43, 44, 44, 45, 45, 46, 46, 47, 47, 48, 48, 49, 49, 50,
-    50, 51, 51, 52, 52, 53, 53, 54, 54, 55, 55, 56, 56, 57, 57, 58, 58, 59, 59,
-    60, 60, 61, 61, 62, 62, 63, 63, 64, 64};
+/* hak_tiny_class_of[(size + 15) / 16]: class k is 16 * (k + 1) bytes, and
+ * size 0 takes the smallest. Constant so that the fast path can use it
+ * before init. */
+const uint8_t hak_tiny_class_of[TINY_MAX / 16 + 1] = {
+    0, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20,
+    21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31, 32, 33, 34, 35, 36, 37, 38, 39,
+    40, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51, 52, 53, 54, 55, 56, 57, 58,
+    59, 60, 61, 62, 63};
 
 uint32_t hak_class_size[CLASS_COUNT];
 uint8_t hak_class_span[CLASS_COUNT];
@@ -43,9 +41,8 @@ static uint8_t span_for(size_t block_size)
 
 void sizeclass_init(void)
 {
-    hak_class_size[0] = HAK_SECURE ? 16 : 8; /* the hardened build marks a free block's second word */
-    for (unsigned c = 1; c < TINY_CLASSES; c++)
-        hak_class_size[c] = 16 * c;
+    for (unsigned c = 0; c < TINY_CLASSES; c++)
+        hak_class_size[c] = 16 * (c + 1);
     for (unsigned c = TINY_CLASSES; c < CLASS_COUNT; c++) {
         unsigned b = MID_MIN_SHIFT + (c - TINY_CLASSES) / MID_CLASSES_PER_DOUBLING;
         unsigned step = (c - TINY_CLASSES) % MID_CLASSES_PER_DOUBLING + 1;

@@ -66,10 +66,8 @@ static superslab_t *superslab_map_locked(void)
     if (!ss)
         return NULL;
     ss->magic = SS_MAGIC;
-    static uint64_t secrets;
-    if (!secrets)
-        secrets = os_random_seed() | 1;
-    ss->secret = xorshift64(&secrets) * 0x9e3779b97f4a7c15u;
+    ss->mark_secret = os_random();
+    ss->link_secret = os_random();
     size_t page = os_page_size();
     if (HAK_SECURE && page < SLAB_PAGE_SIZE) /* the header's last page guards it from the first slab */
         os_protect((char *)ss + SLAB_PAGE_SIZE - page, page, false);

@@ -5,6 +5,10 @@
 
 #include "hakmem.h"
 
+#ifdef HAKMEM_TEST_HAK_NAMES
+#include "hak_names.h"
+#endif
+
 #include <stdio.h>
 #include <stdlib.h>
 
