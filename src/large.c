@@ -248,14 +248,17 @@ void *large_realloc(void *p, size_t size)
         segmap_clear(base, old_map);
         os_unmap(base + new_map, old_map - new_map);
     } else {
+        /* Cleared before: once mremap has moved the pages, another thread
+         * may map the old range, and its entries must not be cleared. */
+        segmap_clear(base, old_map);
         /* The header chunk must stay 2 MiB-aligned (alignments above that
          * are not kept by realloc, as in glibc). */
         char *moved = os_remap_aligned(base, old_map, new_map, SS_SIZE);
         if (!moved) {
+            segmap_set(base, old_map, SEG_LARGE_HEAD);
             guard_set(h, true);
             return NULL; /* errno ENOMEM */
         }
-        segmap_clear(base, old_map);
         base = moved;
         h = (large_hdr_t *)base;
     }

@@ -29,10 +29,13 @@ static void account_mapped(size_t size)
 
 size_t os_page_size(void)
 {
-    static size_t page;
-    if (!page)
-        page = (size_t)sysconf(_SC_PAGESIZE);
-    return page;
+    static _Atomic size_t page; /* threads may race to fill it, with the same value */
+    size_t size = atomic_load_explicit(&page, memory_order_relaxed);
+    if (!size) {
+        size = (size_t)sysconf(_SC_PAGESIZE);
+        atomic_store_explicit(&page, size, memory_order_relaxed);
+    }
+    return size;
 }
 
 /* The mapping calls keep errno on success and return NULL with errno

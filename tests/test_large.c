@@ -7,6 +7,8 @@
 #include "hakmem.h"
 #include "rss.h"
 
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <malloc.h>
@@ -170,9 +172,62 @@ static void test_realloc_shrink_in_place(void)
     free(r);
 }
 
+/* realloc that moves a block (mremap) while other threads map and free
+ * large blocks: the old range, given back by the move, may be mapped by
+ * another thread at once, and the mover must not clear that thread's
+ * segment-map entries (it did: the other block's free was then reported as
+ * a foreign pointer; found by a 12-minute soak). */
+static atomic_int movers_stop;
+static atomic_long blocks_lost;
+
+static void *mover(void *arg)
+{
+    (void)arg;
+    while (!movers_stop) {
+        char *p = malloc(3 * MiB);
+        for (size_t grow = 4; grow < 12 && p; grow++)
+            p = realloc(p, grow * MiB);
+        free(p);
+    }
+    return NULL;
+}
+
+static void *mapper(void *arg)
+{
+    unsigned r = (unsigned)(uintptr_t)arg;
+    void *held[8] = {0};
+    while (!movers_stop) {
+        r = r * 1103515245u + 12345u;
+        unsigned slot = (r >> 8) % 8;
+        if (held[slot] && !hak_owns(held[slot])) {
+            blocks_lost++;
+            held[slot] = NULL; /* not freed: hakmem would call it foreign */
+        }
+        free(held[slot]);
+        held[slot] = malloc((2 + (r >> 12) % 3) * MiB);
+    }
+    for (unsigned i = 0; i < 8; i++)
+        if (held[i] && hak_owns(held[i]))
+            free(held[i]);
+    return NULL;
+}
+
+static void test_realloc_moves_under_threads(void)
+{
+    pthread_t threads[4];
+    for (uintptr_t i = 0; i < 4; i++)
+        pthread_create(&threads[i], NULL, i < 2 ? mover : mapper, (void *)(i + 1));
+    usleep(1500 * 1000);
+    movers_stop = 1;
+    for (int i = 0; i < 4; i++)
+        pthread_join(threads[i], NULL);
+    CHECK(blocks_lost == 0);
+}
+
 int main(void)
 {
     check_expected_build();
+    test_realloc_moves_under_threads();
     test_realloc_shrink_in_place();
     test_calloc_reuses_cleared();
     test_reuse_by_site();
