@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The long run that docs/reliability.md reports ("Last long run"): for
-# SECONDS, side by side, the soak (4 threads with churn, RSS flat), the
-# fuzzer, and the fault tests in a loop, one round a minute: out of memory
+# SECONDS, side by side, the soak (4 threads with churn, RSS flat) on the
+# default and on the hardened library, the fuzzer, and the fault tests in a
+# loop, one round a minute: out of memory
 # (every tier driven to ENOMEM under RLIMIT_AS) and bad input (every misuse
 # case, aborting and in warn mode). Logs go to BUILD_DIR/long_run.
 # Usage: scripts/long_run.sh SECONDS [BUILD_DIR]
@@ -13,6 +14,9 @@ log=$build/long_run
 mkdir -p "$log"
 "$build/tests/test_stress" soak "$seconds" 4 >"$log/soak.txt" 2>&1 &
 soak=$!
+LD_PRELOAD="$build/libhakmem-secure.so" EXPECT_HARDENED=1 \
+  "$build/tests/test_stress" soak "$seconds" 4 >"$log/soak_hardened.txt" 2>&1 &
+soak_hardened=$!
 "$root/tests/fuzz.sh" "$seconds" >"$log/fuzz.txt" 2>&1 &
 fuzz=$!
 end=$((SECONDS + seconds))
@@ -33,9 +37,11 @@ while [ $SECONDS -lt $end ]; do
   sleep 60
 done
 wait $soak; soak_status=$?
+wait $soak_hardened; soak_hardened_status=$?
 wait $fuzz; fuzz_status=$?
 echo "long run: $seconds s"
 echo "soak (exit $soak_status): $(grep '^test_stress soak' "$log/soak.txt")"
+echo "soak, hardened (exit $soak_hardened_status): $(grep '^test_stress soak' "$log/soak_hardened.txt")"
 echo "fuzz (exit $fuzz_status): $(grep -E 'stat::number_of_executed_units|Done [0-9]+ runs' "$log/fuzz.txt" | tr '\n' ' ')"
 echo "fault rounds: $rounds, failed: $failures; tiers driven to ENOMEM: $injected; misuse calls diagnosed: $misuses"
-[ $soak_status -eq 0 ] && [ $fuzz_status -eq 0 ] && [ $failures -eq 0 ]
+[ $soak_status -eq 0 ] && [ $soak_hardened_status -eq 0 ] && [ $fuzz_status -eq 0 ] && [ $failures -eq 0 ]
