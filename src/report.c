@@ -190,7 +190,7 @@ HAK_EXPORT void hak_stats_print(FILE *out)
     bool sites = report_gather(&r);
     fprintf(out, "hakmem %s report\n", HAKMEM_VERSION);
     if (r.stats.hardened)
-        fprintf(out, "  hardened      encoded free lists, double free checked, guard pages, random order\n");
+        fprintf(out, "  hardened      encoded free lists, guard pages, random order\n");
     print_memory(out, &r.stats);
     print_kpi(out, &r.kpi);
     print_tuner(out, &r.tuner);
