@@ -108,6 +108,7 @@ static void *slab_block_checked(slab_t *s, void *p, const char *op)
 
 void hak_free_irregular(slab_t *s, void *p, const char *op)
 {
+    prefetch_for_write(p);
     void *block = slab_block_checked(s, p, op);
     if (!block)
         return;
@@ -127,11 +128,13 @@ void hak_free_irregular(slab_t *s, void *p, const char *op)
         return;
     }
     HAK_COUNT(heap, free_local_slow);
+    if (s->used == 1) {
+        heap_free_last_block(heap, s, block);
+        return;
+    }
     block_link(block, s->free);
     s->free = block;
     s->used--;
-    if (s->used == 0)
-        heap_slab_emptied(heap, s);
 }
 
 /* ---- usable size and realloc ------------------------------------------------- */

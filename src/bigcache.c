@@ -4,7 +4,11 @@
  * paying mmap, munmap and a page fault per page. Sites hash into a table
  * of HAKMEM_BIGCACHE_SITES entries, each a ring of HAKMEM_BIGCACHE_SLOTS
  * blocks under its own lock (padded to a cache line); a site that takes
- * over an entry evicts the previous site's blocks. Cached pages are purged
+ * over an entry evicts the previous site's blocks. A ring that overflows
+ * with a block freed within the purge delay grows by a slot, up to
+ * BIGCACHE_MAX_SLOTS: a site that frees 8 buffers at a time and takes them
+ * again would otherwise miss half of them every round, for ever (a mapping,
+ * an unmapping and a fault per page each). Cached pages are purged
  * after HAKMEM_PURGE_DELAY_MS (by the purger); the mapping stays until
  * evicted or collected. */
 #include "internal.h"
@@ -18,6 +22,7 @@
 typedef struct bigcache_site {
     _Alignas(64) pthread_mutex_t lock;
     uintptr_t site;
+    unsigned slots;                         /* the ring's size now */
     unsigned next;                          /* ring position of the oldest slot */
     large_hdr_t *slot[BIGCACHE_MAX_SLOTS];
 } bigcache_site_t;
@@ -61,7 +66,8 @@ static uint64_t purge_if_due(large_hdr_t *h, uint64_t now)
 }
 
 /* Purge the blocks cached past the delay; with unmap, give every cached
- * block back to the OS (hak_collect(true), malloc_trim). Returns when the
+ * block back to the OS (hak_collect(true), malloc_trim) and shrink the
+ * rings to their first size. Returns when the
  * next purge falls due, or 0 if none waits. */
 uint64_t bigcache_collect(bool unmap)
 {
@@ -80,6 +86,8 @@ uint64_t bigcache_collect(bool unmap)
             }
             next_due = due_earlier(next_due, purge_if_due(e->slot[i], now));
         }
+        if (unmap) /* a grown ring starts over */
+            e->slots = (unsigned)hak_config.bigcache_slots, e->next = 0;
         pthread_mutex_unlock(&e->lock);
         for (unsigned i = 0; i < n_evicted; i++)
             unmap_block(evicted[i]);
@@ -97,7 +105,7 @@ large_hdr_t *bigcache_take(uintptr_t site, size_t size)
     large_hdr_t *found = NULL;
     pthread_mutex_lock(&e->lock);
     if (e->site == site) {
-        unsigned slots = (unsigned)hak_config.bigcache_slots;
+        unsigned slots = e->slots;
         /* newest first: the block most likely still resident */
         for (unsigned k = 1; k <= slots && !found; k++) {
             unsigned i = (e->next + slots - k) % slots;
@@ -126,23 +134,34 @@ bool bigcache_put(large_hdr_t *h)
         return false;
     bigcache_site_t *e = site_entry(h->site);
     large_hdr_t *evicted[BIGCACHE_MAX_SLOTS + 1];
-    unsigned n_evicted = 0, slots = (unsigned)hak_config.bigcache_slots;
+    unsigned n_evicted = 0;
     uint64_t now = os_now_ms();
     h->cached_at_ms = now;
     h->purged = 0;
     atomic_fetch_add_explicit(&cached_bytes, h->map_size, memory_order_relaxed);
     pthread_mutex_lock(&e->lock);
-    if (e->site != h->site) { /* the entry changes hands */
-        for (unsigned i = 0; i < slots; i++)
+    if (e->site != h->site || !e->slots) { /* the entry changes hands (or is new) */
+        for (unsigned i = 0; i < BIGCACHE_MAX_SLOTS; i++)
             if (e->slot[i])
                 evicted[n_evicted++] = e->slot[i], e->slot[i] = NULL;
         e->site = h->site;
+        e->slots = (unsigned)hak_config.bigcache_slots;
         e->next = 0;
     }
-    if (e->slot[e->next])
-        evicted[n_evicted++] = e->slot[e->next];
-    e->slot[e->next] = h;
-    e->next = (e->next + 1) % slots;
+    large_hdr_t *oldest = e->slot[e->next];
+    if (oldest && now < oldest->cached_at_ms + (uint64_t)hak_config.purge_delay_ms && e->slots < BIGCACHE_MAX_SLOTS) {
+        /* Still warm: the ring is too small for the site. One more slot,
+         * at the newest position (just before the oldest). */
+        memmove(&e->slot[e->next + 1], &e->slot[e->next], (e->slots - e->next) * sizeof e->slot[0]);
+        e->slots++;
+        e->slot[e->next] = h;
+        e->next++;
+    } else {
+        if (oldest)
+            evicted[n_evicted++] = oldest;
+        e->slot[e->next] = h;
+        e->next = (e->next + 1) % e->slots;
+    }
     pthread_mutex_unlock(&e->lock);
     for (unsigned i = 0; i < n_evicted; i++)
         unmap_block(evicted[i]);

@@ -292,48 +292,28 @@ static void heap_release_spares(heap_t *heap, heap_t *from)
         superslab_slab_release(heap, heap_drop_spare(from));
 }
 
-/* A new slab for class c: a spare if the class fits one page (one of the
- * class as it is, with its blocks threaded already, else any, formatted),
- * else pages from the heap's SuperSlabs. */
-static slab_t *heap_new_slab(heap_t *heap, unsigned c)
-{
-    if (hak_class_span[c] == 1 && heap->spares) {
-        for (slab_t **link = &heap->spares; *link; link = &(*link)->next)
-            if ((*link)->class_idx == c) {
-                /* An empty current slab now: still kept until it hands out
-                 * blocks (heap_unkeep). */
-                slab_t *s = heap_unlink_spare(link);
-                atomic_store_explicit(&s->owner, (uintptr_t)heap, memory_order_relaxed); /* no flag */
-                return s;
-            }
-        slab_t *s = heap_drop_spare(heap);
-        slab_format(s, heap, c);
-        return s;
-    }
-    return superslab_slab_acquire(heap, c);
-}
-
 /* ---- fast-path support ----------------------------------------------------- */
 
-static HAK_NOINLINE void heap_release_emptied(heap_t *heap, slab_t *s)
-{
-    heap_enter_lists(heap);
-    heap_release_slab(heap, s);
-    heap_leave_lists(heap);
-}
-
-/* The owner freed the last block of s. The current slab of its class is
+/* The owner frees the last block of s. The current slab of its class is
  * kept while the heap's kept empty slabs stay within their budget (the
  * next allocation would take a slab again at once); others go back to the
- * SuperSlab so any class can use the pages, and the purger reach them. */
-void heap_slab_emptied(heap_t *heap, slab_t *s)
+ * SuperSlab so any class can use the pages, and the purger reach them.
+ * All inside the list flag: a fork between the used count reaching zero
+ * and the kept bytes counting the slab left the child a heap whose
+ * accounts disagreed (an assertion in the debug build, found by
+ * test_threads' fork test). */
+void heap_free_last_block(heap_t *heap, slab_t *s, void *block)
 {
+    heap_enter_lists(heap);
+    block_link(block, s->free);
+    s->free = block;
+    s->used = 0;
     if (heap->cur[s->class_idx] == s &&
-        heap->kept_empty_bytes + slab_touched_bytes(s) <= HEAP_KEPT_EMPTY_BYTES) {
+        heap->kept_empty_bytes + slab_touched_bytes(s) <= HEAP_KEPT_EMPTY_BYTES)
         heap->kept_empty_bytes += slab_touched_bytes(s);
-        return;
-    }
-    heap_release_emptied(heap, s);
+    else
+        heap_release_slab(heap, s);
+    heap_leave_lists(heap);
 }
 
 /* Only the owner changes the flag; other threads just read the word. */
@@ -375,6 +355,51 @@ static void heap_drain_class(heap_t *heap, unsigned c)
         next = s->next;
         heap_keep_slab(heap, s);
     }
+}
+
+/* Blocks other threads freed into the mid classes come back to their
+ * slabs, and the slabs they empty to their SuperSlabs, before the heap
+ * takes new pages: a class allocated seldom would otherwise pin them until
+ * its next refill, while other classes grow RSS. c is being refilled. */
+static void heap_reclaim_remote(heap_t *heap, unsigned c)
+{
+    for (unsigned w = TINY_CLASSES / 64; w < (CLASS_COUNT + 63) / 64; w++) {
+        uint64_t bits = atomic_load_explicit(&heap->remote_hint[w], memory_order_relaxed);
+        for (; bits; bits &= bits - 1) {
+            unsigned k = w * 64 + (unsigned)__builtin_ctzll(bits);
+            if (k == c || class_is_tiny(k) || !heap_take_hint(heap, k))
+                continue;
+            heap_drain_class(heap, k);
+            slab_t *s = heap->cur[k];
+            if (s && !heap->cache[k] && s->used && atomic_load_explicit(&s->remote, memory_order_relaxed)) {
+                slab_drain_remote(s);
+                if (s->used == 0)
+                    heap_release_slab(heap, s);
+            }
+        }
+    }
+}
+
+/* A new slab for class c: a spare if the class fits one page (one of the
+ * class as it is, with its blocks threaded already, else any, formatted),
+ * else pages from the heap's SuperSlabs. */
+static slab_t *heap_new_slab(heap_t *heap, unsigned c)
+{
+    if (hak_class_span[c] == 1 && heap->spares) {
+        for (slab_t **link = &heap->spares; *link; link = &(*link)->next)
+            if ((*link)->class_idx == c) {
+                /* An empty current slab now: still kept until it hands out
+                 * blocks (heap_unkeep). */
+                slab_t *s = heap_unlink_spare(link);
+                atomic_store_explicit(&s->owner, (uintptr_t)heap, memory_order_relaxed); /* no flag */
+                return s;
+            }
+        slab_t *s = heap_drop_spare(heap);
+        slab_format(s, heap, c);
+        return s;
+    }
+    heap_reclaim_remote(heap, c);
+    return superslab_slab_acquire(heap, c);
 }
 
 /* Blocks a slab could hand out now: its local list and what was never carved. */

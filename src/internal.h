@@ -87,6 +87,21 @@ static inline unsigned class_of(size_t size)
 
 static inline bool class_is_tiny(unsigned c) { return c < TINY_CLASSES; }
 
+/* Fetch p's cache line for writing. A free reads the block's mark and
+ * then writes its link: a line another core wrote (a block freed by
+ * another thread than its allocator's) would come over shared for the
+ * read, then need a second transfer to be written. PREFETCHW, which
+ * x86-64's baseline does not name (GCC emits it only with -mprfchw); CPUs
+ * without it take the encoding as a NOP. */
+static inline void prefetch_for_write(const void *p)
+{
+#if defined(__x86_64__)
+    __asm__ volatile("prefetchw %0" : : "m"(*(const char *)p));
+#else
+    __builtin_prefetch(p, 1);
+#endif
+}
+
 /* xorshift64: the sampler's intervals and the tuner's tie breaks. */
 static inline uint64_t xorshift64(uint64_t *state)
 {
@@ -169,7 +184,8 @@ typedef struct superslab {
     uint64_t empty_since_ms;  /* when it went to the pool */
     struct heap *heap;        /* owner, or NULL in the pool */
     struct superslab *next, *prev;   /* registry of every SuperSlab, under ss_lock */
-    struct superslab *hnext, *hprev; /* the owner's SuperSlabs, or the pool */
+    struct superslab *hnext, *hprev; /* the owner's bin of SuperSlabs, or the pool */
+    uint8_t bin;              /* the owner's bin it is in: its longest run of free pages */
     slab_t *page_slab[SS_PAGES];     /* the slab covering page i */
     slab_t slabs[SS_MAX_SPAN];       /* slabs[i - 1]: the slab whose head is page i */
 } superslab_t;
@@ -322,11 +338,19 @@ typedef struct heap {
     void *cache[CLASS_COUNT];   /* free blocks of cur[c], ready to hand out */
     slab_t *cur[CLASS_COUNT];   /* the slab the cache is filled from, or NULL */
     slab_t *owned[CLASS_COUNT]; /* the class's other slabs: a circular list, searched in turn */
-    struct superslab *superslabs; /* the SuperSlabs this heap carves slabs from */
+    /* The SuperSlabs this heap carves slabs from, binned by their longest
+     * run of free pages (bin 31: empty), so that a slab of k pages is
+     * placed in the SuperSlab with the shortest run that holds it. */
+    struct superslab *ss_bins[SS_PAGES];
+    uint32_t ss_bin_mask;       /* bit i: ss_bins[i] is not empty */
+    uint32_t superslab_count;   /* in all bins */
     size_t kept_empty_bytes;   /* touched bytes of the empty slabs kept: current ones, spares */
     slab_t *spares;            /* empty one-page slabs, linked through next, ready for any class */
-    _Atomic uint64_t remote_hint[(CLASS_COUNT + 63) / 64]; /* class got a remote free */
-    long sample_left;          /* allocations until the next sample (sample.c) */
+    /* Set by other threads' frees: a cache line of its own, away from the
+     * fields every malloc writes (sharing one with sample_left cost larson
+     * at 2 threads 35% of its speed). */
+    _Alignas(64) _Atomic uint64_t remote_hint[(CLASS_COUNT + 63) / 64]; /* class got a remote free */
+    _Alignas(64) long sample_left; /* allocations until the next sample (sample.c) */
     long sample_interval;      /* the interval sample_left counts down from */
     uint64_t sampled_allocs;   /* allocations of the intervals completed */
     uint64_t sample_rng;       /* xorshift state drawing the sampling intervals */
@@ -347,7 +371,7 @@ static inline heap_t *heap_get(void) { return hak_tl_heap; }
 
 void *heap_alloc_slow(heap_t *heap, unsigned c, size_t size, uintptr_t site);
 heap_t *heap_thread_init(void);
-void heap_slab_emptied(heap_t *heap, slab_t *s);
+void heap_free_last_block(heap_t *heap, slab_t *s, void *block);
 void heap_slab_mark_aligned(slab_t *s);
 void heap_collect(heap_t *heap);
 void heap_flush_class(heap_t *heap, unsigned c);

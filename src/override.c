@@ -153,8 +153,11 @@ HAK_EXPORT bool hak_owns(const void *p)
 HAK_EXPORT void hak_collect(bool force)
 {
     hak_ensure_init();
-    heap_collect(heap_get());
+    /* Orphans first: a thread without a heap is given one of them, whose
+     * remote frees its own collect must then drain (the other order left
+     * that heap's blocks undrained). */
     heaps_collect_orphans();
+    heap_collect(heap_get());
     superslab_purge(force);
     bigcache_collect(force);
     sample_collect();

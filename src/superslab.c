@@ -25,6 +25,13 @@ static size_t ss_count, ss_pool_count;
 
 #define DATA_PAGES_MASK (~(uint32_t)0 << SS_FIRST_DATA_PAGE)
 
+#define SS_EMPTY_BIN (SS_PAGES - SS_FIRST_DATA_PAGE) /* the longest run of an empty SuperSlab */
+
+static uint32_t run_mask(unsigned first, unsigned span)
+{
+    return (uint32_t)((((uint64_t)1 << span) - 1) << first);
+}
+
 void segmap_set(void *chunk, size_t size, unsigned head_kind)
 {
     size_t first = (uintptr_t)chunk >> SS_SHIFT;
@@ -101,25 +108,60 @@ static void superslab_unmap_locked(superslab_t *ss)
         hak_warn("unmapped an empty SuperSlab", NULL);
 }
 
+/* The lowest run of set bits in *left (not 0): its first bit and length;
+ * the run is cleared from *left. */
+static unsigned next_run(uint32_t *left, unsigned *start)
+{
+    *start = (unsigned)__builtin_ctz(*left);
+    unsigned len = (unsigned)__builtin_ctzll(~((uint64_t)*left >> *start));
+    *left &= ~run_mask(*start, len);
+    return len;
+}
+
+/* The longest run of free data pages. */
+static unsigned longest_free_run(uint32_t free_pages)
+{
+    unsigned longest = 0, start;
+    for (uint32_t left = free_pages & DATA_PAGES_MASK; left;) {
+        unsigned len = next_run(&left, &start);
+        longest = len > longest ? len : longest;
+    }
+    return longest;
+}
+
+/* ss goes to the front of its bin in heap (most recently changed first:
+ * its free pages are the likeliest to be resident). */
 static void heap_link_superslab(heap_t *heap, superslab_t *ss)
 {
+    unsigned bin = longest_free_run(ss->free_pages);
     ss->heap = heap;
+    ss->bin = (uint8_t)bin;
     ss->hprev = NULL;
-    ss->hnext = heap->superslabs;
-    if (heap->superslabs)
-        heap->superslabs->hprev = ss;
-    heap->superslabs = ss;
+    ss->hnext = heap->ss_bins[bin];
+    if (ss->hnext)
+        ss->hnext->hprev = ss;
+    heap->ss_bins[bin] = ss;
+    heap->ss_bin_mask |= 1u << bin;
+    heap->superslab_count++;
 }
 
 static void heap_unlink_superslab(heap_t *heap, superslab_t *ss)
 {
     if (ss->hprev)
         ss->hprev->hnext = ss->hnext;
-    else
-        heap->superslabs = ss->hnext;
+    else if (!(heap->ss_bins[ss->bin] = ss->hnext))
+        heap->ss_bin_mask &= ~(1u << ss->bin);
     if (ss->hnext)
         ss->hnext->hprev = ss->hprev;
     ss->heap = NULL;
+    heap->superslab_count--;
+}
+
+/* Its free pages changed: to the front of the bin it now belongs in. */
+static void heap_rebin_superslab(heap_t *heap, superslab_t *ss)
+{
+    heap_unlink_superslab(heap, ss);
+    heap_link_superslab(heap, ss);
 }
 
 /* Unmap the pooled SuperSlabs beyond the first `keep` (the pool is newest
@@ -234,42 +276,43 @@ uint64_t superslab_purge(bool force)
 
 /* ---- slabs ------------------------------------------------------------------------- */
 
-/* First data page of a run of span free pages, or 0: bit i of `starts`
- * stays set while pages i..i+k are all free. */
-static unsigned find_free_run(uint32_t free_pages, unsigned span)
+/* The first page of the tightest run of free pages that holds span of
+ * them, dirty pages preferred (resident already: taking clean ones grows
+ * RSS while the dirty ones wait for the purger); 0 if none does. */
+static unsigned place_run(uint32_t free_pages, uint32_t dirty, unsigned span)
 {
-    uint64_t starts = free_pages & DATA_PAGES_MASK;
-    for (unsigned k = 1; k < span && starts; k++)
-        starts &= (uint64_t)free_pages >> k;
-    return starts ? (unsigned)__builtin_ctzll(starts) : 0;
+    unsigned best = 0, page = 0, start;
+    for (uint32_t left = free_pages & DATA_PAGES_MASK; left;) {
+        unsigned len = next_run(&left, &start);
+        if (len < span)
+            continue;
+        unsigned dirty_count = (unsigned)__builtin_popcount(dirty & run_mask(start, span));
+        unsigned score = dirty_count * SS_PAGES + (SS_PAGES - (len - span));
+        if (score > best)
+            best = score, page = start;
+    }
+    return page;
 }
 
-static uint32_t run_mask(unsigned first, unsigned span)
-{
-    return (uint32_t)((((uint64_t)1 << span) - 1) << first);
-}
-
-/* Pages for a slab of class c: the first fitting run in heap's own
- * SuperSlabs, most recently freed into first (their free pages are likely
- * still resident), else a SuperSlab from the pool. */
+/* Pages for a slab of class c: in the heap's SuperSlab with the shortest
+ * longest run that holds them (best fit: long runs stay whole for the page
+ * bundles of large blocks, and a SuperSlab with room left is filled before
+ * an empty one), else in one from the pool. */
 slab_t *superslab_slab_acquire(heap_t *heap, unsigned c)
 {
-    unsigned span = hak_class_span[c], page = 0;
-    superslab_t *ss = heap->superslabs;
-    for (; ss; ss = ss->hnext)
-        if ((page = find_free_run(ss->free_pages, span)) != 0)
-            break;
-    if (!ss) {
-        ss = superslab_take(heap);
-        if (!ss)
-            return NULL;
-        page = SS_FIRST_DATA_PAGE;
-    }
-    uint32_t mask = run_mask(page, span);
+    unsigned span = hak_class_span[c];
+    uint32_t fitting = heap->ss_bin_mask & ~((1u << span) - 1);
+    superslab_t *ss = fitting ? heap->ss_bins[__builtin_ctz(fitting)] : superslab_take(heap);
+    if (!ss)
+        return NULL;
     pages_lock(ss);
+    unsigned page = place_run(ss->free_pages, ss->dirty_pages, span);
+    hak_assert(page != 0); /* the bin promised a run that long */
+    uint32_t mask = run_mask(page, span);
     ss->free_pages &= ~mask;
     ss->dirty_pages &= ~mask;
     pages_unlock(ss);
+    heap_rebin_superslab(heap, ss);
     slab_t *s = &ss->slabs[page - SS_FIRST_DATA_PAGE];
     for (unsigned i = 0; i < span; i++)
         ss->page_slab[page + i] = s;
@@ -323,12 +366,10 @@ void superslab_slab_release(heap_t *heap, slab_t *s)
     }
     ss->free_pages |= mask;
     pages_unlock(ss);
-    if (heap->superslabs != ss) {
-        heap_unlink_superslab(heap, ss);
-        heap_link_superslab(heap, ss);
-    }
-    if (ss->free_pages == DATA_PAGES_MASK && !(heap->superslabs == ss && !ss->hnext))
+    if (ss->free_pages == DATA_PAGES_MASK && heap->superslab_count > 1)
         superslab_give_back(heap, ss);
+    else
+        heap_rebin_superslab(heap, ss);
     if (dirtied && hak_config.purge_delay_ms != 0)
         purger_notify();
 }
@@ -336,8 +377,8 @@ void superslab_slab_release(heap_t *heap, slab_t *s)
 /* An orphan's SuperSlabs go to the heap taking over its slabs. */
 void superslab_adopt_all(heap_t *heap, heap_t *from)
 {
-    while (from->superslabs) {
-        superslab_t *ss = from->superslabs;
+    while (from->ss_bin_mask) {
+        superslab_t *ss = from->ss_bins[__builtin_ctz(from->ss_bin_mask)];
         heap_unlink_superslab(from, ss);
         heap_link_superslab(heap, ss);
     }
@@ -347,11 +388,8 @@ void superslab_adopt_all(heap_t *heap, heap_t *from)
  * keeps the reserve, the rest is unmapped now. */
 void superslab_give_back_empty(heap_t *heap)
 {
-    for (superslab_t *ss = heap->superslabs, *next; ss; ss = next) {
-        next = ss->hnext;
-        if (ss->free_pages == DATA_PAGES_MASK)
-            superslab_give_back(heap, ss);
-    }
+    while (heap->ss_bins[SS_EMPTY_BIN])
+        superslab_give_back(heap, heap->ss_bins[SS_EMPTY_BIN]);
     pthread_mutex_lock(&ss_lock);
     unmap_pool_beyond_locked((size_t)hak_config.superslab_reserve, true, 0);
     pthread_mutex_unlock(&ss_lock);

@@ -78,21 +78,53 @@ static void test_fit(void)
     free(fits);
 }
 
-static void test_ring_bound_and_collect(void)
+/* BigCache holds n blocks of `bytes` in all: each block's mapping adds a
+ * header page, and in the hardened build a guard page. */
+static bool cache_holds(size_t n, size_t bytes)
+{
+    size_t held = stats().bigcache_bytes, guard = stats().hardened ? 4096 : 0;
+    return held >= bytes && held <= bytes + n * (4096 + guard);
+}
+
+/* n blocks of size from site a, all live at once, then all freed. */
+static void alloc_free_batch(int n, size_t size)
+{
+    char *blocks[32];
+    CHECK(n <= 32);
+    for (int i = 0; i < n; i++) {
+        blocks[i] = alloc_site_a(size);
+        CHECK(blocks[i] != NULL);
+    }
+    for (int i = 0; i < n; i++)
+        free(blocks[i]);
+}
+
+/* A ring of 4 slots that overflows with blocks freed within the purge
+ * delay grows, up to 16: all 7 of a batch stay cached, and the next batch
+ * reuses every one. */
+static void test_ring_grows_while_warm(void)
 {
     hak_collect(true);
     CHECK(stats().bigcache_bytes == 0);
-    enum { N = 7 };
-    char *blocks[N];
-    for (int i = 0; i < N; i++) {
-        blocks[i] = alloc_site_a(3 * MiB);
-        CHECK(blocks[i] != NULL);
-    }
-    for (int i = 0; i < N; i++)
-        free(blocks[i]);
-    size_t held = stats().bigcache_bytes;
-    size_t guard = stats().hardened ? 4096 : 0; /* the hardened build's guard page */
-    CHECK(held >= 4 * 3 * MiB && held <= 4 * (3 * MiB + 4096 + guard)); /* 4 slots by default */
+    alloc_free_batch(7, 3 * MiB);
+    CHECK(cache_holds(7, 7 * 3 * MiB));
+    uint64_t misses = stats().bigcache_misses;
+    alloc_free_batch(7, 3 * MiB);
+    CHECK(stats().bigcache_misses == misses);
+    alloc_free_batch(20, 3 * MiB); /* 7 hits, 13 new; 16 slots at most */
+    CHECK(cache_holds(16, 16 * 3 * MiB));
+    hak_collect(true);
+    CHECK(stats().bigcache_bytes == 0);
+}
+
+/* Blocks older than the purge delay are evicted, the ring stays at 4. */
+static void test_ring_evicts_cold(void)
+{
+    hak_collect(true);
+    alloc_free_batch(4, 3 * MiB);
+    usleep(250 * 1000); /* past the 100 ms delay */
+    alloc_free_batch(3, 8 * MiB); /* no 3 MiB block fits 8 MiB: 3 new ones */
+    CHECK(cache_holds(4, 3 * 8 * MiB + 3 * MiB)); /* three 3 MiB blocks evicted */
     hak_collect(true);
     CHECK(stats().bigcache_bytes == 0);
 }
@@ -232,7 +264,8 @@ int main(void)
     test_calloc_reuses_cleared();
     test_reuse_by_site();
     test_fit();
-    test_ring_bound_and_collect();
+    test_ring_grows_while_warm();
+    test_ring_evicts_cold();
     test_purge_after_delay();
     return check_summary("test_large");
 }
