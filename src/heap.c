@@ -499,6 +499,8 @@ void *heap_alloc_slow(heap_t *heap, unsigned c, size_t size, uintptr_t site)
         if (!heap)
             return NULL;
     }
+    if (HAK_SECURE && unlikely(heap->corrupt_link))
+        hak_free_list_corrupt(heap->corrupt_link);
     bool sampled = --heap->sample_left <= 0;
     uint64_t start = sampled ? hak_ticks() : 0;
     heap_enter_lists(heap);
