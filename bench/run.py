@@ -115,6 +115,11 @@ def allocators(build, libdir):
     if not os.path.exists(hakmem):
         sys.exit(f"run.py: {hakmem} not found; build with `make release` first")
     found.append({"name": "hakmem", "version": hakmem_version(), "env": {"LD_PRELOAD": hakmem}})
+    # The hardened library, where issue 7 bounds its cost: the Tiny tier.
+    secure = os.path.join(build, "libhakmem-secure.so")
+    if os.path.exists(secure):
+        found.append({"name": "hakmem-secure", "version": hakmem_version() + " hardened",
+                      "env": {"LD_PRELOAD": secure}, "groups": ("tiny", "sweep", "instructions")})
     # The self-tuning policy, where a policy can matter (the battle scenarios
     # and RSS over time). A benchmark process lives seconds at most, so its
     # windows are 50 ms instead of the default second.
@@ -233,7 +238,7 @@ def main():
 
     rows = [(g, n, a, m, statistics.median(v)) for (g, n, a, m), v in samples.items()]
     if not opts.no_callgrind and (not opts.only or re.search(opts.only, "instructions")):
-        rows += instruction_counts(bench_dir, [a for a in allocs if "groups" not in a])
+        rows += instruction_counts(bench_dir, [a for a in allocs if runs_in("instructions", a)])
 
     # memory scaling fit: RSS delta = fixed + per_alloc * N
     for kind in ["16", "uniform"]:
@@ -283,10 +288,11 @@ def write_outputs(opts, allocs, rows, points):
         lines.append(f"- {a['name']}: {a['version']}")
     lines.append("")
     ratio_cols = [c for c in ("mimalloc", "system") if c in names]
+    hardened = "hakmem-secure" in names  # its cost: hakmem-secure / hakmem
     header = "| group | workload | metric | " + " | ".join(names) + " | " + \
-        " | ".join(f"hakmem / {c}" for c in ratio_cols) + " |"
+        " | ".join(f"hakmem / {c}" for c in ratio_cols) + (" | hakmem-secure / hakmem" if hardened else "") + " |"
     lines.append(header)
-    lines.append("|" + "---|" * (3 + len(names) + len(ratio_cols)))
+    lines.append("|" + "---|" * (3 + len(names) + len(ratio_cols) + hardened))
     for (g, n, m), vals in table.items():
         better = "lower" if LOWER_IS_BETTER.search(m) else "higher"
         cells = []
@@ -299,8 +305,9 @@ def write_outputs(opts, allocs, rows, points):
                 cell = f"**{cell}**"
             cells.append(cell)
         ratios = []
-        for c in ratio_cols:
-            h, base = vals.get("hakmem"), vals.get(c)
+        pairs = [("hakmem", c) for c in ratio_cols] + ([("hakmem-secure", "hakmem")] if hardened else [])
+        for num, den in pairs:
+            h, base = vals.get(num), vals.get(den)
             ratios.append(f"{h / base:.2f}" if h is not None and base else "-")
         lines.append(f"| {g} | {n} | {m} ({better} better) | " + " | ".join(cells) + " | " + " | ".join(ratios) + " |")
     lines.append("")
