@@ -358,9 +358,12 @@ static void heap_drain_class(heap_t *heap, unsigned c)
 }
 
 /* Blocks other threads freed into the mid classes come back to their
- * slabs, and the slabs they empty to their SuperSlabs, before the heap
- * takes new pages: a class allocated seldom would otherwise pin them until
- * its next refill, while other classes grow RSS. c is being refilled. */
+ * slabs, the current ones included, and the slabs they empty to their
+ * SuperSlabs, before the heap takes new pages: a class allocated seldom
+ * would otherwise pin them until its next refill while other classes grow
+ * RSS. Class c, being refilled, has just been drained. Tiny classes wait
+ * for their refills: their slabs are one page, often many, and a walk of
+ * them at every new slab would cost more than the pages. */
 static void heap_reclaim_remote(heap_t *heap, unsigned c)
 {
     for (unsigned w = TINY_CLASSES / 64; w < (CLASS_COUNT + 63) / 64; w++) {
