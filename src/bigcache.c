@@ -96,9 +96,10 @@ uint64_t bigcache_collect(bool unmap)
 }
 
 /* A cached block of the site's own entry that fits size without wasting
- * more than half of it, or NULL. */
-large_hdr_t *bigcache_take(uintptr_t site, size_t size)
+ * more than half of it, aligned to align (0 for none), or NULL. */
+large_hdr_t *bigcache_take(uintptr_t site, size_t size, size_t align)
 {
+    uintptr_t misaligned = align ? align - 1 : 0;
     if (!site_count())
         return NULL;
     bigcache_site_t *e = site_entry(site);
@@ -110,7 +111,7 @@ large_hdr_t *bigcache_take(uintptr_t site, size_t size)
         for (unsigned k = 1; k <= slots && !found; k++) {
             unsigned i = (e->next + slots - k) % slots;
             large_hdr_t *h = e->slot[i];
-            if (h && h->usable >= size && h->usable / 2 < size) {
+            if (h && h->usable >= size && h->usable / 2 < size && !((uintptr_t)h->user & misaligned)) {
                 found = h;
                 e->slot[i] = NULL;
             }

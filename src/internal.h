@@ -146,6 +146,7 @@ typedef struct slab {
     uint8_t class_idx;
     uint8_t span;              /* pages */
     uint8_t in_use;            /* owned by a heap (else the pages are free) */
+    uint8_t parked;            /* current slab whose one used block waits in the cache (heap_free_last_block) */
     struct slab *next, *prev;  /* the owner heap's list for this class */
     _Atomic(void *) remote;    /* MPSC list of blocks freed by other threads */
 } slab_t;
@@ -174,18 +175,23 @@ static inline struct heap *slab_owner_heap(uintptr_t owner)
  * The owning heap alone changes free_pages and the slabs; the purger only
  * purges dirty pages; the page lock orders the two. */
 typedef struct superslab {
+    /* The first line of a page is where a program's page-strided writes
+     * land (one byte per page of a page-aligned buffer: all in one L1
+     * set, which they flush): only fields the fast paths never read live
+     * in it. Reading mark_secret from it cost battle json an L1 miss per
+     * free. */
     uint32_t magic;
-    uint64_t mark_secret;     /* random: keys the free mark of its blocks */
+    uint8_t bin;              /* the owner's bin it is in: its longest run of free pages */
+    uint64_t dirty_since_ms;  /* when the oldest unpurged page was freed (page lock) */
+    uint64_t empty_since_ms;  /* when it went to the pool */
+    struct superslab *next, *prev;   /* registry of every SuperSlab, under ss_lock */
+    struct superslab *hnext, *hprev; /* the owner's bin of SuperSlabs, or the pool */
+    _Alignas(64) uint64_t mark_secret; /* random: keys the free mark of its blocks */
     uint64_t link_secret;     /* random: keys the block links of HAKMEM_SECURE */
     uint32_t free_pages;      /* bit i: data page i belongs to no slab (owner writes) */
     uint32_t dirty_pages;     /* free pages touched since they were last purged (page lock) */
     _Atomic int pages_lock;
-    uint64_t dirty_since_ms;  /* when the oldest unpurged page was freed (page lock) */
-    uint64_t empty_since_ms;  /* when it went to the pool */
     struct heap *heap;        /* owner, or NULL in the pool */
-    struct superslab *next, *prev;   /* registry of every SuperSlab, under ss_lock */
-    struct superslab *hnext, *hprev; /* the owner's bin of SuperSlabs, or the pool */
-    uint8_t bin;              /* the owner's bin it is in: its longest run of free pages */
     slab_t *page_slab[SS_PAGES];     /* the slab covering page i */
     slab_t slabs[SS_MAX_SPAN];       /* slabs[i - 1]: the slab whose head is page i */
 } superslab_t;
@@ -351,18 +357,18 @@ typedef struct heap {
     uint32_t superslab_count;   /* in all bins */
     size_t kept_empty_bytes;   /* touched bytes of the empty slabs kept: current ones, spares */
     slab_t *spares;            /* empty one-page slabs, linked through next, ready for any class */
-    /* Set by other threads' frees: a cache line of its own, away from the
-     * fields every malloc writes (sharing one with sample_left cost larson
-     * at 2 threads 35% of its speed). */
+    /* Set by other threads' frees: a cache line of its own (with cold
+     * fields), away from the fields every malloc writes (sharing one with
+     * sample_left cost larson at 2 threads 35% of its speed). */
     _Alignas(64) _Atomic uint64_t remote_hint[(CLASS_COUNT + 63) / 64]; /* class got a remote free */
+    struct heap *next_all;     /* registry of every heap ever made */
+    struct heap *next_orphan;
+    int state;                 /* enum heap_state, under heaps_lock */
     _Alignas(64) long sample_left; /* allocations until the next sample (sample.c) */
     long sample_interval;      /* the interval sample_left counts down from */
     uint64_t sampled_allocs;   /* allocations of the intervals completed */
     uint64_t sample_rng;       /* xorshift state drawing the sampling intervals */
     _Atomic int in_slow;       /* inside a list update (fork safety) */
-    int state;                 /* enum heap_state, under heaps_lock */
-    struct heap *next_all;     /* registry of every heap ever made */
-    struct heap *next_orphan;
     uint64_t slab_refills;     /* read racily by the report */
     const void *corrupt_link;  /* hardened: a cached block whose link was corrupt (cache_next) */
 #ifdef HAKMEM_COUNTERS
@@ -448,7 +454,7 @@ large_hdr_t *large_header_of(const void *p);
 
 extern _Atomic uint64_t hak_bigcache_hits, hak_bigcache_misses;
 void bigcache_init(void);
-large_hdr_t *bigcache_take(uintptr_t site, size_t size);
+large_hdr_t *bigcache_take(uintptr_t site, size_t size, size_t align);
 bool bigcache_put(large_hdr_t *h);
 uint64_t bigcache_collect(bool unmap);
 size_t bigcache_bytes(void);
@@ -475,29 +481,35 @@ enum purge_advice { PURGE_DONTNEED, PURGE_FREE };
 enum stats_format { STATS_OFF, STATS_TEXT, STATS_JSON };
 enum tune_mode { MODE_BASELINE, MODE_EVOLVING };
 
+/* The options read at setup and exit only come first, so that the ones
+ * the allocation paths read start the second line: with the struct
+ * 128-aligned, never the first line of a page (see superslab_t; in the
+ * first line, the threshold read by every mid-size malloc cost battle
+ * json an L1 miss per iteration). */
 typedef struct hak_config {
     int on_error;             /* enum on_error */
+    int stats;                /* enum stats_format */
     long superslab_reserve;
-    size_t large_threshold;
-    long purge_delay_ms;
-    bool purge_thread;
-    int purge_advice;         /* enum purge_advice */
-    bool prewarm;
-    long bigcache_sites;      /* 0: no BigCache */
-    long bigcache_slots;
-    size_t bigcache_max_block;
-    bool profile;
-    long profile_sample;      /* mean allocations between samples */
-    bool site_rules;
-    int mode;                 /* enum tune_mode */
     long tune_window_ms;
     long tune_cooldown_s;
     long tune_seed;           /* 0: seeded from the clock */
-    int stats;                /* enum stats_format */
+    int purge_advice;         /* enum purge_advice */
+    bool purge_thread;
     bool verbose;
+    _Alignas(64) size_t large_threshold;
+    int mode;                 /* enum tune_mode */
+    bool profile;
+    bool site_rules;
+    bool prewarm;
+    long profile_sample;      /* mean allocations between samples */
+    long purge_delay_ms;
+    long bigcache_sites;      /* 0: no BigCache */
+    long bigcache_slots;
+    size_t bigcache_max_block;
 } hak_config_t;
 
-extern hak_config_t hak_config;
+#define HAK_CONFIG_ALIGN 128
+extern _Alignas(HAK_CONFIG_ALIGN) hak_config_t hak_config;
 void options_init(void);
 
 /* The tuner moves the threshold while other threads read it. */

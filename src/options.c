@@ -10,7 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-hak_config_t hak_config = {
+_Alignas(HAK_CONFIG_ALIGN) hak_config_t hak_config = {
     .on_error = ON_ERROR_ABORT,
     .superslab_reserve = 1,
     .large_threshold = (size_t)1 << 20,

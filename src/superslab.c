@@ -330,6 +330,7 @@ void slab_format(slab_t *s, heap_t *heap, unsigned c)
     s->used = 0;
     s->class_idx = (uint8_t)c;
     s->in_use = 1;
+    s->parked = 0;
     s->block_size = block_size;
     s->recip = (((uint64_t)1 << RECIP_SHIFT) + block_size - 1) / block_size;
     s->capacity = (uint32_t)((size_t)s->span * SLAB_PAGE_SIZE / block_size);

@@ -239,6 +239,65 @@ static void test_collect_from_new_thread(void)
     CHECK(after.tiny_bytes + after.mid_bytes < (1u << 20));
 }
 
+/* ---- the last block of a mid slab ------------------------------------------------ */
+
+/* A mid block freed alone waits in the thread's cache for the next malloc
+ * of its class (heap_free_last_block parks it). Each way out must leave
+ * the slab's accounts right (the debug build asserts them) and its memory
+ * collectable: handed out again and freed by another thread while the
+ * owner takes pages for another class, collected while cached, collected
+ * while in use. */
+static void *free_in_thread(void *p)
+{
+    free(p);
+    return NULL;
+}
+
+static bool mid_back_to(const hak_stats_t *before)
+{
+    hak_collect(true);
+    hak_stats_t now;
+    hak_stats_get(&now);
+    return now.mid_slabs == before->mid_slabs && now.mid_bytes == before->mid_bytes;
+}
+
+static void test_parked_block(void)
+{
+    static const size_t sizes[] = {4096, 65536, 256 << 10};
+    for (unsigned i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
+        size_t size = sizes[i];
+        hak_collect(true);
+        hak_stats_t before;
+        hak_stats_get(&before);
+
+        char *p = malloc(size);
+        memset(p, 1, size);
+        free(p);
+        char *q = malloc(size);
+        CHECK(q == p); /* the parked block */
+        pthread_t t;
+        pthread_create(&t, NULL, free_in_thread, q);
+        pthread_join(t, NULL);
+        char *other = malloc(size + size / 2); /* new pages: the remote free is reclaimed */
+        CHECK(other && hak_owns(other));
+        free(other);
+        CHECK(mid_back_to(&before));
+
+        p = malloc(size);
+        free(p);
+        CHECK(mid_back_to(&before)); /* collected while cached */
+
+        p = malloc(size);
+        free(p);
+        q = malloc(size);
+        CHECK(q == p);
+        hak_collect(true); /* while in use */
+        memset(q, 2, size);
+        free(q);
+        CHECK(mid_back_to(&before));
+    }
+}
+
 /* ---- fork --------------------------------------------------------------------- */
 
 static _Atomic int stop_background;
@@ -326,6 +385,7 @@ int main(int argc, char **argv)
     test_producer_consumer();
     test_thread_churn();
     test_collect_from_new_thread();
+    test_parked_block();
 #ifndef __SANITIZE_THREAD__ /* TSan does not support threads started in a forked child */
     test_fork();
 #endif
