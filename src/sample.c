@@ -34,8 +34,10 @@ typedef struct arena_slot {
     uint32_t next;   /* next free slot, 0 for none */
 } arena_slot_t;
 
-/* The header takes the first slots: their descriptors (the array's pages
- * are touched as slots are handed out, in order). */
+/* The header takes the first slots. Descriptors are for the slots after
+ * those, from the first (slot[i - first_slot]), so that a chunk with a few
+ * samples touches the header's first page only (the array's pages are
+ * touched as slots are handed out, in order). */
 typedef struct arena_chunk {
     uint32_t magic;
     uint32_t slot_shift;
@@ -44,7 +46,7 @@ typedef struct arena_chunk {
     uint32_t carved;     /* slots below were handed out at least once (the header's included) */
     uint32_t live;
     struct arena_chunk *next;
-    arena_slot_t slot[]; /* SS_SIZE >> slot_shift */
+    arena_slot_t slot[]; /* (SS_SIZE >> slot_shift) - first_slot */
 } arena_chunk_t;
 
 static pthread_mutex_t arena_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -74,6 +76,8 @@ void sample_heap_init(heap_t *heap)
 static char *slot_address(arena_chunk_t *a, uint32_t i) { return (char *)a + ((size_t)i << a->slot_shift); }
 
 static uint32_t arena_slots(const arena_chunk_t *a) { return (uint32_t)(SS_SIZE >> a->slot_shift); }
+
+static arena_slot_t *slot_of(arena_chunk_t *a, uint32_t i) { return &a->slot[i - a->first_slot]; }
 
 /* The smallest slot kind whose slots hold a block of class c (a power of
  * two at least as large: aligned as the block would be, which an aligned
@@ -115,10 +119,10 @@ static void *arena_alloc(unsigned c, size_t size, uint32_t weight, unsigned site
     }
     uint32_t i = a->free_head;
     if (i)
-        a->free_head = a->slot[i].next;
+        a->free_head = slot_of(a, i)->next;
     else
         i = a->carved++;
-    a->slot[i] = (arena_slot_t){.born = born, .size = (uint32_t)size, .weight = weight, .site = site};
+    *slot_of(a, i) = (arena_slot_t){.born = born, .size = (uint32_t)size, .weight = weight, .site = site};
     a->live++;
     pthread_mutex_unlock(&arena_lock);
     return slot_address(a, i);
@@ -138,11 +142,11 @@ static arena_slot_t *slot_checked(const void *p, const char **fault)
         *fault = "interior pointer: not the start of a block";
         return NULL;
     }
-    if (!a->slot[i].weight) {
+    if (!slot_of(a, i)->weight) {
         *fault = "double free";
         return NULL;
     }
-    return &a->slot[i];
+    return slot_of(a, i);
 }
 
 void sample_free(void *p, const char *op)
@@ -156,7 +160,7 @@ void sample_free(void *p, const char *op)
         was = *s;
         s->weight = 0;
         s->next = a->free_head;
-        a->free_head = (uint32_t)(s - a->slot);
+        a->free_head = (uint32_t)(s - a->slot) + a->first_slot;
         a->live--;
     }
     pthread_mutex_unlock(&arena_lock);
