@@ -36,6 +36,9 @@ static void sleep_ms(uint64_t ms)
 static void *purger_main(void *arg)
 {
     (void)arg;
+    /* Named from inside: naming another thread formats a /proc path, and
+     * that first use of stdio's code cost three page faults. */
+    pthread_setname_np(pthread_self(), "hakmem-purge");
     pthread_mutex_lock(&purger_lock);
     for (;;) {
         while (!atomic_load_explicit(&purger_pending, memory_order_relaxed))
@@ -75,7 +78,6 @@ static void purger_start(void)
         hak_config.purge_thread = false;
         return;
     }
-    pthread_setname_np(thread, "hakmem-purge");
     if (hak_config.verbose)
         hak_warn("purger thread started", NULL);
 }

@@ -40,16 +40,14 @@ unsigned site_index_of(uintptr_t site)
     unsigned h = (unsigned)(((uint64_t)site * 0x9e3779b97f4a7c15ull) >> 54); /* 10 bits */
     for (unsigned k = 0; k < SITE_PROBES; k++) {
         unsigned i = (h + k) & (SITE_TABLE - 1);
-        uintptr_t seen = atomic_load_explicit(&sites[i].addr, memory_order_acquire);
-        if (seen == site)
+        /* Claim first, compare after: a read of a page never written
+         * maps the zero page, and the write that follows faults again.
+         * The entry's line is written by every record anyway. */
+        uintptr_t seen = 0;
+        if (atomic_compare_exchange_strong_explicit(&sites[i].addr, &seen, site, memory_order_acq_rel,
+                                                    memory_order_acquire) ||
+            seen == site)
             return i;
-        if (!seen) {
-            uintptr_t expected = 0;
-            if (atomic_compare_exchange_strong_explicit(&sites[i].addr, &expected, site, memory_order_acq_rel,
-                                                        memory_order_acquire) ||
-                expected == site)
-                return i;
-        }
     }
     atomic_store_explicit(&sites[SITE_OVERFLOW].addr, SITE_OVERFLOW_ADDR, memory_order_relaxed);
     return SITE_OVERFLOW;

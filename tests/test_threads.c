@@ -298,6 +298,38 @@ static void test_parked_block(void)
     }
 }
 
+/* A block freed while its slab holds others goes on the slab's list, and
+ * the next malloc of the class takes that list whole (heap_alloc_slow's
+ * batch path): the same block again, each time, and the slab's accounts
+ * exact afterwards, whichever thread frees the other block. */
+static void test_batch_refill(void)
+{
+    static const size_t sizes[] = {4096, 65536};
+    for (unsigned i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
+        size_t size = sizes[i];
+        hak_collect(true);
+        hak_stats_t before;
+        hak_stats_get(&before);
+
+        char *a = malloc(size), *b = malloc(size);
+        memset(a, 1, size);
+        memset(b, 1, size);
+        free(a);
+        bool same = true;
+        for (int k = 0; k < 1000; k++) {
+            char *p = malloc(size);
+            same &= p == a;
+            memset(p, k, size);
+            free(p);
+        }
+        CHECK(same);
+        pthread_t t;
+        pthread_create(&t, NULL, free_in_thread, b);
+        pthread_join(t, NULL);
+        CHECK(mid_back_to(&before));
+    }
+}
+
 /* ---- fork --------------------------------------------------------------------- */
 
 static _Atomic int stop_background;
@@ -386,6 +418,7 @@ int main(int argc, char **argv)
     test_thread_churn();
     test_collect_from_new_thread();
     test_parked_block();
+    test_batch_refill();
 #ifndef __SANITIZE_THREAD__ /* TSan does not support threads started in a forked child */
     test_fork();
 #endif
