@@ -204,18 +204,31 @@ static bool slab_list_is_batch(const slab_t *s)
     return s->free && s->used && !s->parked && !slab_list_is_short(s, s->carved - s->used);
 }
 
+/* s's local list, whole, for the cache: its blocks count as used. A fork
+ * between the stores loses the list to the child (a leak), never hands a
+ * block out twice; the signal fences keep the compiler from reordering
+ * them, for heap_alloc_slow, which takes it outside the list flag. */
+static void *slab_take_list(slab_t *s)
+{
+    void *list = s->free;
+    s->free = NULL;
+    atomic_signal_fence(memory_order_seq_cst);
+    s->used = s->carved;
+    atomic_signal_fence(memory_order_seq_cst);
+    return list;
+}
+
 /* Blocks for the cache from s, which becomes (or is) the current slab:
  * its local list, new blocks, or what other threads freed, in that order.
  * Every block handed to the cache counts as used. */
 static void *slab_take_blocks(heap_t *heap, slab_t *s)
 {
     heap_unkeep(heap, s);
-    void *list = s->free, *tail;
-    if (list) {
+    void *list, *tail;
+    if (s->free) {
         HAK_COUNT(heap, refill_local);
         uint32_t local = s->carved - s->used; /* the remote list counts as used */
-        s->free = NULL;
-        s->used = s->carved;
+        list = slab_take_list(s);
         /* A short list means another refill soon (a small ring of live
          * blocks keeps it short for good): lengthen it once with new ones. */
         if (slab_list_is_short(s, local)) {
@@ -606,9 +619,7 @@ static HAK_NOINLINE void *heap_alloc_refill(heap_t *heap, unsigned c, size_t siz
  * still wait for their cache lines, and every store here queues behind
  * them: with the registers heap_alloc_refill saves and spills, a loop of
  * 64 KiB blocks (battle json with another block of the slab live) took
- * 54 ns an iteration, 37 this way. A fork between the three stores loses
- * the list to the child (a leak), never hands a block out twice; the
- * signal fences keep the compiler from reordering them. */
+ * 54 ns an iteration, 37 this way. */
 void *heap_alloc_slow(heap_t *heap, unsigned c, size_t size, uintptr_t site)
 {
     slab_t *cur = heap->cur[c]; /* NULL in hak_empty_heap */
@@ -617,11 +628,7 @@ void *heap_alloc_slow(heap_t *heap, unsigned c, size_t size, uintptr_t site)
         return heap_alloc_refill(heap, c, size, site);
     HAK_COUNT(heap, refill_local);
     heap->sample_left--;
-    void *b = cur->free;
-    cur->free = NULL;
-    atomic_signal_fence(memory_order_seq_cst);
-    cur->used = cur->carved;
-    atomic_signal_fence(memory_order_seq_cst);
+    void *b = slab_take_list(cur);
     heap->cache[c] = block_next(b);
     block_handed_out(b);
     heap_tick_tuner(heap);

@@ -273,8 +273,16 @@ static void test_parked_block(void)
         char *p = malloc(size);
         memset(p, 1, size);
         free(p);
+        bool same = true; /* the parked block, taken and freed again (heap_free_last_block's short path) */
+        for (int k = 0; k < 100; k++) {
+            char *again = malloc(size);
+            same &= again == p;
+            memset(again, k, size);
+            free(again);
+        }
+        CHECK(same);
         char *q = malloc(size);
-        CHECK(q == p); /* the parked block */
+        CHECK(q == p);
         pthread_t t;
         pthread_create(&t, NULL, free_in_thread, q);
         pthread_join(t, NULL);
