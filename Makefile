@@ -33,6 +33,9 @@ test: deps
 	cd build/debug && ctest --output-on-failure -j 2
 	cd build/ubsan && ctest --output-on-failure -j 2
 	cd build/tsan && ctest --output-on-failure
+	@# CI shows only the tail of its log: the slowest tests of each build
+	@for b in release debug ubsan tsan; do printf '%s, slowest:' $$b; \
+	  sort -k3 -g -r build/$$b/Testing/Temporary/CTestCostData.txt | head -3 | awk '{printf " %s %.1f s;", $$1, $$3}'; echo; done
 
 # Long runs for local use: the soak (RSS flat over SOAK_SECONDS with thread
 # churn) and the fuzzer (FUZZ_SECONDS), both in minutes rather than seconds.

@@ -253,6 +253,42 @@ static void *free_in_thread(void *p)
     return NULL;
 }
 
+static uint64_t samples_taken(void)
+{
+    hak_kpi_t kpi;
+    hak_get_kpi(&kpi);
+    return kpi.latency_samples;
+}
+
+/* malloc(size) served by the thread's heap. Profiling samples one
+ * allocation in a few thousand (HAKMEM_PROFILE_SAMPLE), at random, and
+ * serves it from elsewhere while the block it took goes back to the
+ * cache: a test that expects a certain block frees a sampled one and takes
+ * again (CI once drew a sample inside test_batch_refill's loop). */
+static char *heap_malloc(size_t size)
+{
+    for (;;) {
+        uint64_t samples = samples_taken();
+        char *p = malloc(size);
+        if (samples_taken() == samples)
+            return p;
+        free(p);
+    }
+}
+
+/* Take and free a block of `size` `rounds` times: `expected` each time. */
+static bool reuses_block(const void *expected, size_t size, int rounds)
+{
+    bool same = true;
+    for (int k = 0; k < rounds; k++) {
+        char *p = heap_malloc(size);
+        same &= p == expected;
+        memset(p, k, size);
+        free(p);
+    }
+    return same;
+}
+
 static bool mid_back_to(const hak_stats_t *before)
 {
     hak_collect(true);
@@ -270,18 +306,12 @@ static void test_parked_block(void)
         hak_stats_t before;
         hak_stats_get(&before);
 
-        char *p = malloc(size);
+        char *p = heap_malloc(size);
         memset(p, 1, size);
         free(p);
-        bool same = true; /* the parked block, taken and freed again (heap_free_last_block's short path) */
-        for (int k = 0; k < 100; k++) {
-            char *again = malloc(size);
-            same &= again == p;
-            memset(again, k, size);
-            free(again);
-        }
-        CHECK(same);
-        char *q = malloc(size);
+        /* the parked block, taken and freed again (heap_free_last_block's short path) */
+        CHECK(reuses_block(p, size, 100));
+        char *q = heap_malloc(size);
         CHECK(q == p);
         pthread_t t;
         pthread_create(&t, NULL, free_in_thread, q);
@@ -295,9 +325,9 @@ static void test_parked_block(void)
         free(p);
         CHECK(mid_back_to(&before)); /* collected while cached */
 
-        p = malloc(size);
+        p = heap_malloc(size);
         free(p);
-        q = malloc(size);
+        q = heap_malloc(size);
         CHECK(q == p);
         hak_collect(true); /* while in use */
         memset(q, 2, size);
@@ -319,18 +349,11 @@ static void test_batch_refill(void)
         hak_stats_t before;
         hak_stats_get(&before);
 
-        char *a = malloc(size), *b = malloc(size);
+        char *a = heap_malloc(size), *b = heap_malloc(size);
         memset(a, 1, size);
         memset(b, 1, size);
         free(a);
-        bool same = true;
-        for (int k = 0; k < 1000; k++) {
-            char *p = malloc(size);
-            same &= p == a;
-            memset(p, k, size);
-            free(p);
-        }
-        CHECK(same);
+        CHECK(reuses_block(a, size, 1000));
         pthread_t t;
         pthread_create(&t, NULL, free_in_thread, b);
         pthread_join(t, NULL);
