@@ -111,7 +111,9 @@ static void *large_map(size_t size, size_t align, uintptr_t site, uint32_t weigh
         errno = ENOMEM;
         return NULL;
     }
-    size_t map_size = page_round(offset + size) + guard_size();
+    /* A block of size 0 gets a page too: at the mapping's end, its
+     * address would belong to no one (aligned_alloc(1 MiB, 0) did). */
+    size_t map_size = page_round(offset + (size ? size : 1)) + guard_size();
     char *base = NULL;
     for (int attempt = 0; !base && attempt < 2; attempt++) {
         if (attempt && !hak_release_caches())

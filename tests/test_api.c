@@ -69,7 +69,10 @@ static void test_usable_exact(void)
         for (int i = 0; i < COUNT; i++)
             ok &= intact(blocks[i], usable[i], (unsigned)(i + n));
         CHECK(ok);
-        CHECK(usable[0] < n + n / 8 + 16); /* rounding waste is bounded */
+        /* Rounding waste is bounded; a profiling sample (one allocation in
+         * thousands, never two of 16 in a row) may be served with more. */
+        size_t least = usable[0] < usable[1] ? usable[0] : usable[1];
+        CHECK(least < n + n / 8 + 16);
         for (int i = 0; i < COUNT; i++)
             free(blocks[i]);
     }
@@ -172,8 +175,10 @@ static void check_aligned(void *p, size_t align, size_t size)
 static void test_alignment(void)
 {
     for (size_t align = 1; align <= 64 * MiB; align *= 2) {
-        size_t sizes[] = {1, align / 2 + 1, align, align + 1, 3 * align + 5};
-        for (size_t i = 0; i < 5; i++) {
+        /* size 0 too: a large block of size 0 was once placed at its
+         * mapping's end, where no one owned it */
+        size_t sizes[] = {0, 1, align / 2 + 1, align, align + 1, 3 * align + 5};
+        for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
             size_t size = sizes[i];
             if (size > 200 * MiB)
                 continue;
