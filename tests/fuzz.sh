@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Build the libFuzzer harness with clang and run it for SECONDS (default 20).
+# Build the libFuzzer harness with clang and run it for SECONDS (default 20),
+# then half as long with profiling sampling often.
 # hakmem is compiled without the standard names (libFuzzer keeps glibc's
 # malloc) and with UBSan; the corpus persists under build/fuzz/corpus.
 # Usage: tests/fuzz.sh [SECONDS] [BUILD_DIR]
@@ -18,6 +19,12 @@ for src in "$root"/src/*.c; do
   objects+=("$obj")
 done
 clang $flags -fsanitize=fuzzer "$root/tests/fuzz_alloc.c" "${objects[@]}" -o "$out/fuzz_alloc"
-"$out/fuzz_alloc" -max_total_time="$seconds" -rss_limit_mb=4096 -max_len=4096 -print_final_stats=1 \
-  -artifact_prefix="$out/" \
-  "$out/corpus" 2>&1 | grep -v "^\"\\|^###|^  " | tail -n 12
+fuzz() {
+  "$out/fuzz_alloc" -max_total_time="$1" -rss_limit_mb=4096 -max_len=4096 -print_final_stats=1 \
+    -artifact_prefix="$out/" \
+    "$out/corpus" 2>&1 | grep -v "^\"\\|^###|^  " | tail -n 12
+}
+fuzz "$seconds"
+# Then with a profiling sample every 16 allocations or so: sampled blocks
+# come from the sample arena and the large tier (a size-0 bug hid there).
+HAKMEM_PROFILE_SAMPLE=16 fuzz $(((seconds + 1) / 2))
