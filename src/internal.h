@@ -413,6 +413,7 @@ void superslab_stats(size_t *superslabs, size_t *empty, size_t slabs[2], size_t 
 
 extern _Atomic bool hak_purger_start_wanted;
 void purger_notify(void);
+void purger_poll(void);
 void purger_heap_settled(void);
 void purger_fork_child(void);
 

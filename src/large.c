@@ -79,6 +79,7 @@ static void *large_map(size_t size, size_t align, uintptr_t site, uint32_t weigh
 void *large_alloc(size_t size, size_t align, uintptr_t site, uint32_t weight)
 {
     hak_ensure_init();
+    purger_poll();
     uint64_t start = hak_ticks();
     size_t stale;
     void *p = large_reuse(size, align, site, weight, &stale, start);

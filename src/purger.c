@@ -114,6 +114,17 @@ void purger_notify(void)
     pthread_mutex_unlock(&purger_lock);
 }
 
+/* An allocation on a slow path (a refill, a large block): without the
+ * thread, the purges that fell due run here, so that a program that
+ * allocates again gets its memory back even when none of its calls
+ * leaves pages to purge (they were the only trigger: a loop of large
+ * allocations held 115 MiB of empty slabs for ever). */
+void purger_poll(void)
+{
+    if (unlikely(!hak_config.purge_thread))
+        purge_inline();
+}
+
 /* The calling thread's heap has finished a list update. */
 void purger_heap_settled(void)
 {

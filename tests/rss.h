@@ -3,19 +3,29 @@
 #ifndef HAKMEM_TEST_RSS_H
 #define HAKMEM_TEST_RSS_H
 
+#include <fcntl.h>
 #include <stdio.h>
+#include <string.h>
+#include <unistd.h>
 
+/* Read with open and read, not stdio: fopen allocates, and an allocation
+ * can run hakmem's due purges (HAKMEM_PURGE_THREAD=0), so a reading would
+ * change what it measures. */
 static inline size_t proc_kib_field_bytes(const char *path, const char *format)
 {
-    FILE *f = fopen(path, "r");
-    char line[256];
+    char text[8192];
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    ssize_t len = fd >= 0 ? read(fd, text, sizeof text - 1) : -1;
+    if (fd >= 0)
+        close(fd);
+    if (len <= 0)
+        return 0;
+    text[len] = '\0';
     size_t kib = 0;
-    while (f && fgets(line, sizeof line, f))
+    for (char *line = text; line; line = strchr(line, '\n') ? strchr(line, '\n') + 1 : NULL)
         if (sscanf(line, format, &kib) == 1)
-            break;
-    if (f)
-        fclose(f);
-    return kib * 1024;
+            return kib * 1024;
+    return 0;
 }
 
 static inline size_t rss_bytes(void) { return proc_kib_field_bytes("/proc/self/smaps_rollup", "Rss: %zu kB"); }
