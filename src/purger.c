@@ -4,7 +4,8 @@
  * frees memory and then sleeps still shrinks; it starts the first time
  * pages wait for a purge, sleeps on a condition variable while nothing
  * waits, and never allocates. With HAKMEM_PURGE_THREAD=0 the purges run
- * inside the allocator's own calls instead, a few times per delay. */
+ * inside the allocator's own calls instead (refills, large blocks, frees
+ * that leave pages to purge), a few times per delay. */
 #define _GNU_SOURCE
 #include "internal.h"
 

@@ -128,9 +128,17 @@ static void *arena_alloc(unsigned c, size_t size, uint32_t weight, unsigned site
     return slot_address(a, i);
 }
 
-/* The slot p starts, or NULL with *fault saying why (under arena_lock). */
+/* The slot p starts, or NULL with *fault saying why (under arena_lock).
+ * The caller saw p's chunk in the segment map before taking the lock; a
+ * collect on another thread may have unmapped it since (only a stale
+ * pointer's chunk can have no live slot), and its header must not be
+ * read then. */
 static arena_slot_t *slot_checked(const void *p, const char **fault)
 {
+    if (segmap_kind(p) != SEG_SAMPLED) {
+        *fault = "pointer not allocated by hakmem (foreign, stack or global memory, or already freed)";
+        return NULL;
+    }
     arena_chunk_t *a = (arena_chunk_t *)superslab_of(p);
     uintptr_t off = (uintptr_t)p - (uintptr_t)a;
     uint32_t i = (uint32_t)(off >> a->slot_shift);
@@ -191,6 +199,10 @@ bool sample_owns(const void *p)
 {
     const char *fault;
     pthread_mutex_lock(&arena_lock);
+    if (segmap_kind(p) != SEG_SAMPLED) { /* unmapped since the caller looked (slot_checked) */
+        pthread_mutex_unlock(&arena_lock);
+        return false;
+    }
     const arena_chunk_t *a = (const arena_chunk_t *)superslab_of(p);
     uintptr_t start = (uintptr_t)p & ~(((uintptr_t)1 << a->slot_shift) - 1);
     arena_slot_t *s = slot_checked((const void *)start, &fault);

@@ -239,6 +239,44 @@ static void test_collect_from_new_thread(void)
     CHECK(after.tiny_bytes + after.mid_bytes < (1u << 20));
 }
 
+/* hak_owns of a freed sampled block while another thread collects: the
+ * block's arena chunk may be unmapped between the segment-map lookup and
+ * the arena lock (held by the collect while it unmaps), and its header
+ * must not be read then. Run by threads_sampled, where one allocation in
+ * 16 or so is sampled; elsewhere there is rarely a sampled block to ask. */
+static void *collect_once(void *arg)
+{
+    usleep(200);
+    hak_collect(true);
+    atomic_store((_Atomic bool *)arg, true);
+    return NULL;
+}
+
+static void test_owns_while_collecting(void)
+{
+    enum { BLOCKS = 64 };
+    for (int round = 0; round < 200; round++) {
+        void *stale[BLOCKS], *sampled = NULL;
+        for (int i = 0; i < BLOCKS; i++)
+            stale[i] = malloc(16 + (size_t)i * 8);
+        for (int i = 0; i < BLOCKS; i++)
+            free(stale[i]);
+        for (int i = 0; i < BLOCKS && !sampled; i++)
+            if (!hak_owns(stale[i])) /* freed slab blocks stay hakmem's memory; a freed sample does not */
+                sampled = stale[i];
+        if (!sampled)
+            continue;
+        _Atomic bool done = false;
+        pthread_t t;
+        pthread_create(&t, NULL, collect_once, (void *)&done);
+        bool owned = false;
+        while (!atomic_load(&done))
+            owned |= hak_owns(sampled);
+        pthread_join(t, NULL);
+        CHECK(!owned);
+    }
+}
+
 /* ---- the last block of a mid slab ------------------------------------------------ */
 
 /* A mid block freed alone waits in the thread's cache for the next malloc
@@ -448,6 +486,7 @@ int main(int argc, char **argv)
     test_producer_consumer();
     test_thread_churn();
     test_collect_from_new_thread();
+    test_owns_while_collecting();
     test_parked_block();
     test_batch_refill();
 #ifndef __SANITIZE_THREAD__ /* TSan does not support threads started in a forked child */
