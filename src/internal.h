@@ -12,6 +12,11 @@
 #define unlikely(x) __builtin_expect(!!(x), 0)
 #define HAK_EXPORT __attribute__((visibility("default")))
 #define HAK_NOINLINE __attribute__((noinline))
+/* The entry points of the fast paths start a cache line: placed wherever
+ * the code before them ended, malloc+free ran 8% slower or faster (tiny
+ * lifo 290 or 315 Mops/s, the same instructions) as unrelated functions
+ * grew. */
+#define HAK_HOT __attribute__((aligned(64)))
 #define HAK_TLS __attribute__((tls_model("initial-exec"))) __thread
 
 #ifdef HAKMEM_DEBUG

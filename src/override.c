@@ -40,9 +40,9 @@ static inline void *aligned_alloc_impl(size_t align, size_t size, uintptr_t site
 
 /* ---- hakmem's own names ------------------------------------------------------- */
 
-HAK_EXPORT void *hak_malloc(size_t size) { return hak_alloc(size, HAK_CALLER); }
+HAK_EXPORT HAK_HOT void *hak_malloc(size_t size) { return hak_alloc(size, HAK_CALLER); }
 
-HAK_EXPORT void hak_free(void *p) { hak_free_checked(p, "free"); }
+HAK_EXPORT HAK_HOT void hak_free(void *p) { hak_free_checked(p, "free"); }
 
 HAK_EXPORT void *hak_calloc(size_t n, size_t size) { return calloc_impl(n, size, HAK_CALLER); }
 
@@ -61,9 +61,9 @@ HAK_EXPORT size_t hak_usable_size(const void *p)
 /* ---- the standard names ------------------------------------------------------- */
 
 #ifdef HAKMEM_OVERRIDE
-HAK_EXPORT void *malloc(size_t size) { return hak_alloc(size, HAK_CALLER); }
+HAK_EXPORT HAK_HOT void *malloc(size_t size) { return hak_alloc(size, HAK_CALLER); }
 
-HAK_EXPORT void free(void *p) { hak_free_checked(p, "free"); }
+HAK_EXPORT HAK_HOT void free(void *p) { hak_free_checked(p, "free"); }
 
 HAK_EXPORT void *calloc(size_t n, size_t size) { return calloc_impl(n, size, HAK_CALLER); }
 
