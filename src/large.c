@@ -90,6 +90,7 @@ void *large_alloc(size_t size, size_t align, uintptr_t site, uint32_t weight)
  * mapping is zero already. */
 void *large_alloc_zeroed(size_t size, uintptr_t site)
 {
+    purger_poll();
     uint64_t start = hak_ticks();
     size_t stale;
     void *p = large_reuse(size, 0, site, 1, &stale, start);
