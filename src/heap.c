@@ -700,7 +700,11 @@ static void slab_purge_free_blocks(slab_t *s)
     }
 }
 
-void heap_collect(heap_t *heap)
+/* Everything the heap holds and does not use goes back: cached blocks to
+ * their slabs, empty slabs to their SuperSlabs, empty SuperSlabs to the
+ * pool (unmapped beyond the reserve now with unmap_now, else after the
+ * purge delay), and the pages inside free mid blocks to the OS. */
+void heap_collect(heap_t *heap, bool unmap_now)
 {
     if (heap == &hak_empty_heap)
         return;
@@ -713,7 +717,7 @@ void heap_collect(heap_t *heap)
                 slab_purge_free_blocks(s);
     }
     heap_release_spares(heap, heap);
-    superslab_give_back_empty(heap);
+    superslab_give_back_empty(heap, unmap_now);
     heap_leave_lists(heap);
 }
 
@@ -782,7 +786,7 @@ static void heap_thread_exit(void *arg)
     heap_t *h = arg;
     if (h != hak_tl_heap)
         return;
-    heap_collect(h);
+    heap_collect(h, false); /* the next thread may well take them */
     hak_tl_heap = &hak_empty_heap;
     pthread_mutex_lock(&heaps_lock);
     heap_push_orphan_locked(h);

@@ -157,7 +157,7 @@ HAK_EXPORT void hak_collect(bool force)
      * remote frees its own collect must then drain (the other order left
      * that heap's blocks undrained). */
     heaps_collect_orphans();
-    heap_collect(heap_get());
+    heap_collect(heap_get(), true);
     superslab_purge(force);
     bigcache_collect(force);
     sample_collect();
@@ -177,7 +177,7 @@ HAK_EXPORT int hak_tiny_magazine_flush(int class_index)
     return 0;
 }
 
-HAK_EXPORT void hak_tiny_magazine_flush_all(void) { heap_collect(heap_get()); }
+HAK_EXPORT void hak_tiny_magazine_flush_all(void) { heap_collect(heap_get(), true); }
 
 /* ---- entry points for override_new.cc (hidden) --------------------------------- */
 

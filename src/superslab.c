@@ -385,12 +385,18 @@ void superslab_adopt_all(heap_t *heap, heap_t *from)
     }
 }
 
-/* A heap's empty SuperSlabs go back (collect, thread exit): the pool
- * keeps the reserve, the rest is unmapped now. */
-void superslab_give_back_empty(heap_t *heap)
+/* A heap's empty SuperSlabs go back to the pool (collect, thread exit).
+ * With unmap_now (hak_collect, a flush) the pool keeps the reserve and the
+ * rest is unmapped at once; at thread exit they stay pooled until the
+ * purge delay has passed: a program that starts short threads one after
+ * another would otherwise unmap at each exit what the next thread maps
+ * and faults in again. */
+void superslab_give_back_empty(heap_t *heap, bool unmap_now)
 {
     while (heap->ss_bins[SS_EMPTY_BIN])
         superslab_give_back(heap, heap->ss_bins[SS_EMPTY_BIN]);
+    if (!unmap_now)
+        return;
     pthread_mutex_lock(&ss_lock);
     unmap_pool_beyond_locked((size_t)hak_config.superslab_reserve, true, 0);
     pthread_mutex_unlock(&ss_lock);
