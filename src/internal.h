@@ -374,6 +374,7 @@ typedef struct heap {
     _Alignas(64) _Atomic uint64_t remote_hint[(CLASS_COUNT + 63) / 64]; /* class got a remote free */
     struct heap *next_all;     /* registry of every heap ever made */
     struct heap *next_orphan;
+    uint64_t orphaned_ms;      /* when its thread exited (os_now_ms) */
     int state;                 /* enum heap_state, under heaps_lock */
     _Alignas(64) long sample_left; /* allocations until the next sample (sample.c) */
     long sample_interval;      /* the interval sample_left counts down from */

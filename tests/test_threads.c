@@ -287,6 +287,63 @@ static void test_short_threads(void)
     CHECK(st.superslabs_empty <= 1);
 }
 
+/* ---- an exited thread's heap, taken over by a live thread ---------------------- */
+
+enum { ORPHAN_BLOCKS = 8192, ORPHAN_SIZE = 512, MAIN_BLOCKS = 2048 };
+static void *orphan_blocks[ORPHAN_BLOCKS];
+static void *main_blocks[MAIN_BLOCKS];
+
+static void *allocate_and_exit(void *arg)
+{
+    (void)arg;
+    for (int i = 0; i < ORPHAN_BLOCKS; i++)
+        orphan_blocks[i] = malloc(ORPHAN_SIZE);
+    return NULL;
+}
+
+static size_t orphans_now(void)
+{
+    hak_stats_t st;
+    hak_stats_get(&st);
+    return st.heaps_orphaned;
+}
+
+/* The calling thread takes MAIN_BLOCKS blocks of a class it holds no slab
+ * of (after a collect), so its refills look for new slabs, and frees them. */
+static void take_new_slabs(size_t size)
+{
+    for (int i = 0; i < MAIN_BLOCKS; i++)
+        main_blocks[i] = malloc(size);
+    for (int i = 0; i < MAIN_BLOCKS; i++)
+        free(main_blocks[i]);
+}
+
+/* A live thread that needs new slabs takes over an exited thread's heap,
+ * drained of the frees made into it since, once the heap has waited out
+ * the purge delay (100 ms) for a new thread to adopt it whole. */
+static void test_orphan_taken_over(void)
+{
+    hak_collect(true);
+    CHECK(orphans_now() == 0);
+    pthread_t thread;
+    double exited = now_ms();
+    pthread_create(&thread, NULL, allocate_and_exit, NULL);
+    pthread_join(thread, NULL);
+    for (int i = 0; i < ORPHAN_BLOCKS; i++)
+        free(orphan_blocks[i]); /* onto the exited heap's remote lists */
+    CHECK(orphans_now() == 1);
+    take_new_slabs(1000);
+    if (now_ms() - exited < 50) /* well inside the delay (not so under TSan or a loaded machine) */
+        CHECK(orphans_now() == 1);
+    usleep(150 * 1000);
+    take_new_slabs(800);
+    CHECK(orphans_now() == 0);
+    hak_collect(true);
+    hak_stats_t st;
+    hak_stats_get(&st);
+    CHECK(st.tiny_bytes < ORPHAN_BLOCKS * ORPHAN_SIZE / 8); /* the 4 MiB went back */
+}
+
 /* hak_collect from a thread that never allocated: it is given an exited
  * thread's heap, and drains the frees other threads made into it as it
  * does the rest (it once took the heap after collecting its own, and
@@ -556,6 +613,7 @@ int main(int argc, char **argv)
     test_producer_consumer();
     test_thread_churn();
     test_short_threads();
+    test_orphan_taken_over();
     test_collect_from_new_thread();
     test_owns_while_collecting();
     test_parked_block();
