@@ -386,11 +386,9 @@ void superslab_adopt_all(heap_t *heap, heap_t *from)
 }
 
 /* A heap's empty SuperSlabs go back to the pool (collect, thread exit).
- * With unmap_now (hak_collect, a flush) the pool keeps the reserve and the
- * rest is unmapped at once; at thread exit they stay pooled until the
- * purge delay has passed: a program that starts short threads one after
- * another would otherwise unmap at each exit what the next thread maps
- * and faults in again. */
+ * With unmap_now the pool keeps the reserve and the rest is unmapped at
+ * once; without, they stay pooled until the purge delay has passed (the
+ * exit of a thread that another will replace: heap_thread_exit). */
 void superslab_give_back_empty(heap_t *heap, bool unmap_now)
 {
     while (heap->ss_bins[SS_EMPTY_BIN])
