@@ -139,14 +139,13 @@ enum slab_flag {
  * `used` counts the blocks not on `free`: handed out, in the owner's cache
  * or on `remote`. It reaches 0 exactly when a local free empties the slab. */
 typedef struct slab {
-    /* Read by every free, the owner's and other threads': written only
-     * when the slab is formatted, carves or changes lists, so that it stays
-     * shared in every core's cache. */
+    void *free;                /* owner-local free list, linked through the blocks */
+    uint32_t used;
+    uint32_t block_size;
     _Atomic uintptr_t owner;   /* owning heap | enum slab_flag; 0 when free */
     char *start;               /* first block (page aligned) */
     char *carved_end;          /* blocks below were threaded at least once */
     uint64_t recip;            /* ceil(2^43 / block_size): exact division for offsets < 2 MiB */
-    uint32_t block_size;
     uint32_t capacity;         /* blocks that fit in the slab */
     uint32_t carved;           /* blocks carved so far; the rest were never touched (slab_carved) */
     uint8_t class_idx;
@@ -154,12 +153,7 @@ typedef struct slab {
     uint8_t in_use;            /* owned by a heap (else the pages are free) */
     uint8_t parked;            /* current slab whose one used block waits in the cache (heap_free_last_block) */
     struct slab *next, *prev;  /* the owner heap's list for this class */
-    /* Written by the owner at each of its frees: on a line of their own,
-     * or every other thread's free of a block here would miss. */
-    _Alignas(64) void *free;   /* owner-local free list, linked through the blocks */
-    uint32_t used;
-    /* Pushed onto by other threads: its line moves between cores. */
-    _Alignas(64) _Atomic(void *) remote; /* MPSC list of blocks freed by other threads */
+    _Atomic(void *) remote;    /* MPSC list of blocks freed by other threads */
 } slab_t;
 
 /* Other threads check a pointer they free against `carved` while the owner
