@@ -759,16 +759,38 @@ static heap_t *heap_new_locked(void)
     return h;
 }
 
+static void heap_push_orphan_locked(heap_t *h)
+{
+    h->state = HEAP_ORPHAN;
+    h->orphaned_ms = os_now_ms();
+    h->next_orphan = orphans;
+    orphans = h;
+    atomic_fetch_add_explicit(&orphan_count, 1, memory_order_relaxed);
+}
+
+/* The newest orphan whose thread exited before the given time, out of the
+ * list; NULL if none. */
+static heap_t *heap_pop_orphan_locked(uint64_t orphaned_before_ms)
+{
+    heap_t **link = &orphans;
+    while (*link && (*link)->orphaned_ms > orphaned_before_ms)
+        link = &(*link)->next_orphan;
+    heap_t *h = *link;
+    if (h) {
+        *link = h->next_orphan;
+        atomic_fetch_sub_explicit(&orphan_count, 1, memory_order_relaxed);
+    }
+    return h;
+}
+
 /* Give the calling thread a heap: an exited thread's, with all its slabs,
  * if one is waiting, else a fresh one. */
 heap_t *heap_thread_init(void)
 {
     hak_ensure_init();
     pthread_mutex_lock(&heaps_lock);
-    heap_t *h = orphans;
+    heap_t *h = heap_pop_orphan_locked(UINT64_MAX);
     if (h) {
-        orphans = h->next_orphan;
-        atomic_fetch_sub_explicit(&orphan_count, 1, memory_order_relaxed);
         last_adoption_ms = os_now_ms();
     } else {
         h = heap_new_locked();
@@ -783,15 +805,6 @@ heap_t *heap_thread_init(void)
     if (atomic_load_explicit(&heap_key_ready, memory_order_acquire))
         pthread_setspecific(heap_key, h);
     return h;
-}
-
-static void heap_push_orphan_locked(heap_t *h)
-{
-    h->state = HEAP_ORPHAN;
-    h->orphaned_ms = os_now_ms();
-    h->next_orphan = orphans;
-    orphans = h;
-    atomic_fetch_add_explicit(&orphan_count, 1, memory_order_relaxed);
 }
 
 /* Threads come and go: a new one adopted an exited one's heap within the
@@ -833,13 +846,8 @@ static void heap_thread_exit(void *arg)
 static bool heap_absorb_orphan(heap_t *heap, uint64_t orphaned_before_ms)
 {
     pthread_mutex_lock(&heaps_lock);
-    heap_t **link = &orphans;
-    while (*link && (*link)->orphaned_ms > orphaned_before_ms)
-        link = &(*link)->next_orphan;
-    heap_t *o = *link;
+    heap_t *o = heap_pop_orphan_locked(orphaned_before_ms);
     if (o) {
-        *link = o->next_orphan;
-        atomic_fetch_sub_explicit(&orphan_count, 1, memory_order_relaxed);
         /* Reserved while its slabs move; a fork meanwhile leaves it alone. */
         o->state = HEAP_LIVE;
         atomic_store_explicit(&o->in_slow, 1, memory_order_relaxed);
