@@ -57,6 +57,14 @@ int hak_tiny_magazine_flush(int class_index);
 /* The same for every size class the calling thread caches, tiny and mid. */
 void hak_tiny_magazine_flush_all(void);
 
+/* Bytes in blocks of a tiny class that are not back on their slab's free
+ * list (handed out, in a thread's cache, or freed by another thread and not
+ * yet taken back), over all threads: 0 for a class once every block was
+ * freed and the caches flushed. Profiling samples are served outside the
+ * slabs and do not count. Returns (size_t)-1 with errno EINVAL when
+ * class_index is out of range. */
+size_t hak_tiny_class_bytes(int class_index);
+
 typedef struct hak_stats {
     size_t mapped_bytes;       /* address space hakmem has mapped now */
     size_t mapped_peak;        /* and at most */

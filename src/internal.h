@@ -414,6 +414,7 @@ void superslab_fork_parent(void);
 void superslab_fork_child(void);
 void superslab_unmap_pool(void);
 void superslab_stats(size_t *superslabs, size_t *empty, size_t slabs[2], size_t bytes[2]);
+size_t superslab_class_bytes(unsigned c);
 
 /* ---- Purger thread (purger.c) ------------------------------------------ */
 

@@ -179,6 +179,15 @@ HAK_EXPORT int hak_tiny_magazine_flush(int class_index)
 
 HAK_EXPORT void hak_tiny_magazine_flush_all(void) { heap_collect(heap_get(), true); }
 
+HAK_EXPORT size_t hak_tiny_class_bytes(int class_index)
+{
+    if (class_index < 0 || class_index >= TINY_CLASSES) {
+        errno = EINVAL;
+        return (size_t)-1;
+    }
+    return superslab_class_bytes((unsigned)class_index);
+}
+
 /* ---- entry points for override_new.cc (hidden) --------------------------------- */
 
 void *hak_cxx_alloc(size_t size, uintptr_t site) { return hak_alloc(size, site); }

@@ -427,6 +427,19 @@ void superslab_stats(size_t *superslabs, size_t *empty, size_t slabs[2], size_t 
     pthread_mutex_unlock(&ss_lock);
 }
 
+/* Bytes of class c's blocks off their slabs' free lists, in every SuperSlab. */
+size_t superslab_class_bytes(unsigned c)
+{
+    size_t bytes = 0;
+    pthread_mutex_lock(&ss_lock);
+    for (superslab_t *ss = ss_registry; ss; ss = ss->next)
+        for (unsigned i = 0; i < SS_MAX_SPAN; i++)
+            if (ss->slabs[i].in_use && ss->slabs[i].class_idx == c)
+                bytes += (size_t)ss->slabs[i].used * ss->slabs[i].block_size;
+    pthread_mutex_unlock(&ss_lock);
+    return bytes;
+}
+
 void superslab_fork_prepare(void) { pthread_mutex_lock(&ss_lock); }
 void superslab_fork_parent(void) { pthread_mutex_unlock(&ss_lock); }
 
