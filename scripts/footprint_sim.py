@@ -1,0 +1,123 @@
+#!/usr/bin/env python3
+"""Footprint of bench/rsstime's workload under simple placement policies.
+
+The producer/consumer of bench/rsstime (blocks of 1 KiB..1 MiB, the same
+xorshift sizes, the last 256 kept plus 8 in flight), replayed on one thread
+against an address space where blocks are placed best fit, free neighbours
+coalesce, and new space is taken at the top (one arena) or in 2 MiB regions.
+Resident = pages ever written (the benchmark writes one byte per page of
+each block), less free pages purged once they stayed free for PURGE
+allocations. It says what a placement could reach before one is built
+(docs/benchmarks.md, session 12).
+
+Usage: scripts/footprint_sim.py [OPERATIONS] [PURGE...]
+"""
+import bisect
+import heapq
+import sys
+
+LIVE, IN_FLIGHT, SAMPLES = 256, 8, 40
+PAGE = 4096
+
+
+def sizes(n, seed=0x1234567):
+    """bench/common.h's rng_next, as bench/rsstime.c draws its sizes."""
+    mask, x = (1 << 64) - 1, seed
+
+    def draw():
+        nonlocal x
+        x ^= (x << 13) & mask
+        x ^= x >> 7
+        x ^= (x << 17) & mask
+        return x
+
+    for _ in range(n):
+        size = 1024 << (draw() % 10)
+        yield size + draw() % size
+
+
+class BestFit:
+    """Free extents by (length, start), coalesced through their ends."""
+
+    def __init__(self, granule, region=None):
+        self.granule, self.region = granule, region
+        self.by_length, self.starts, self.by_start, self.by_end, self.top = [], [], {}, {}, 0
+
+    def _unlink(self, start, length):
+        i = bisect.bisect_left(self.by_length, (length, start))
+        del self.by_length[i]
+        del self.starts[bisect.bisect_left(self.starts, start)]
+        del self.by_start[start], self.by_end[start + length]
+
+    def release(self, start, length):
+        if start in self.by_end:
+            before = self.by_end[start]
+            self._unlink(before, start - before)
+            start, length = before, length + start - before
+        if start + length in self.by_start:
+            after = self.by_start[start + length]
+            self._unlink(start + length, after)
+            length += after
+        bisect.insort(self.by_length, (length, start))
+        bisect.insort(self.starts, start)
+        self.by_start[start], self.by_end[start + length] = length, start
+
+    def take(self, size):
+        length = -(-size // self.granule) * self.granule
+        i = bisect.bisect_left(self.by_length, (length, -1))
+        if i < len(self.by_length):
+            free_length, start = self.by_length[i]
+            self._unlink(start, free_length)
+        else:
+            start, free_length = self.top, self.region or length
+            self.top += free_length
+        if free_length > length:
+            self.release(start + length, free_length - length)
+        return start, length
+
+    def is_free(self, address):
+        i = bisect.bisect_right(self.starts, address) - 1
+        return i >= 0 and address < self.starts[i] + self.by_start[self.starts[i]]
+
+
+def run(policy, operations, purge=None):
+    written, live, freed, rss = set(), {}, [], []
+    for i, size in enumerate(sizes(operations)):
+        start, length = policy.take(size)
+        written.update((start + j) // PAGE for j in range(0, size, PAGE))
+        written.add((start + size - 1) // PAGE)
+        live[i] = (start, length)
+        if i >= LIVE + IN_FLIGHT:
+            start, length = live.pop(i - LIVE - IN_FLIGHT)
+            policy.release(start, length)
+            if purge is not None:
+                heapq.heappush(freed, (i, start, length))
+        while purge is not None and freed and freed[0][0] <= i - purge:
+            _, start, length = heapq.heappop(freed)
+            for page in range(-(-start // PAGE), (start + length) // PAGE):
+                if page in written and policy.is_free(page * PAGE):
+                    written.discard(page)
+        if (i + 1) % (operations // SAMPLES) == 0:
+            rss.append(len(written) * PAGE / 2**20)
+    return rss
+
+
+def main():
+    operations = int(sys.argv[1]) if len(sys.argv) > 1 else 300000
+    purges = [int(a) for a in sys.argv[2:]] or [None]
+    policies = {
+        "16 B granules, one arena (glibc-like)": lambda: BestFit(16),
+        "4 KiB pages, one arena": lambda: BestFit(PAGE),
+        "4 KiB pages, 2 MiB regions": lambda: BestFit(PAGE, 2 << 20),
+        "64 KiB pages, 2 MiB regions (hakmem's page)": lambda: BestFit(64 << 10, 2 << 20),
+    }
+    for purge in purges:
+        for name, make in policies.items():
+            rss = run(make(), operations, purge)
+            after = "never" if purge is None else f"after {purge} allocations"
+            print(f"{name}, purged {after}: warm {rss[SAMPLES // 4 - 1]:.1f} MiB, "
+                  f"end {rss[-1]:.1f}, peak {max(rss):.1f}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
