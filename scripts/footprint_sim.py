@@ -4,11 +4,14 @@
 The producer/consumer of bench/rsstime (blocks of 1 KiB..1 MiB, the same
 xorshift sizes, the last 256 kept plus 8 in flight), replayed on one thread
 against an address space where blocks are placed best fit, free neighbours
-coalesce, and new space is taken at the top (one arena) or in 2 MiB regions.
+coalesce, and new space is taken at the top (one arena) or in 2 MiB regions
+(each starting with a header, free space never coalescing across their
+boundaries, as SuperSlabs are), sizes optionally rounded to hakmem's
+classes (8 per doubling above 1 KiB).
 Resident = pages ever written (the benchmark writes one byte per page of
 each block), less free pages purged once they stayed free for PURGE
 allocations. It says what a placement could reach before one is built
-(docs/benchmarks.md, session 12).
+(docs/benchmarks.md, sessions 12 and 13).
 
 Usage: scripts/footprint_sim.py [OPERATIONS] [PURGE...]
 """
@@ -36,12 +39,24 @@ def sizes(n, seed=0x1234567):
         yield size + draw() % size
 
 
-class BestFit:
-    """Free extents by (length, start), coalesced through their ends."""
+def class_size(size):
+    """hakmem's size class above 1 KiB: 8 steps per doubling."""
+    if size <= 1024:
+        return size
+    b = (size - 1).bit_length() - 1
+    return (1 << b) + (((size - 1 - (1 << b)) >> (b - 3)) + 1) * (1 << (b - 3))
 
-    def __init__(self, granule, region=None):
-        self.granule, self.region = granule, region
+
+class BestFit:
+    """Free extents by (length, start), coalesced through their ends, never
+    across a region boundary."""
+
+    def __init__(self, granule, region=None, header=0, classes=False):
+        self.granule, self.region, self.header, self.classes = granule, region, header, classes
         self.by_length, self.starts, self.by_start, self.by_end, self.top = [], [], {}, {}, 0
+
+    def _joins(self, address):
+        return not self.region or address % self.region != 0
 
     def _unlink(self, start, length):
         i = bisect.bisect_left(self.by_length, (length, start))
@@ -50,11 +65,11 @@ class BestFit:
         del self.by_start[start], self.by_end[start + length]
 
     def release(self, start, length):
-        if start in self.by_end:
+        if start in self.by_end and self._joins(start):
             before = self.by_end[start]
             self._unlink(before, start - before)
             start, length = before, length + start - before
-        if start + length in self.by_start:
+        if start + length in self.by_start and self._joins(start + length):
             after = self.by_start[start + length]
             self._unlink(start + length, after)
             length += after
@@ -63,14 +78,18 @@ class BestFit:
         self.by_start[start], self.by_end[start + length] = length, start
 
     def take(self, size):
+        size = class_size(size) if self.classes else size
         length = -(-size // self.granule) * self.granule
         i = bisect.bisect_left(self.by_length, (length, -1))
         if i < len(self.by_length):
             free_length, start = self.by_length[i]
             self._unlink(start, free_length)
+        elif self.region:
+            start, free_length = self.top + self.header, self.region - self.header
+            self.top += self.region
         else:
-            start, free_length = self.top, self.region or length
-            self.top += free_length
+            start, free_length = self.top, length
+            self.top += length
         if free_length > length:
             self.release(start + length, free_length - length)
         return start, length
@@ -108,8 +127,11 @@ def main():
     policies = {
         "16 B granules, one arena (glibc-like)": lambda: BestFit(16),
         "4 KiB pages, one arena": lambda: BestFit(PAGE),
-        "4 KiB pages, 2 MiB regions": lambda: BestFit(PAGE, 2 << 20),
-        "64 KiB pages, 2 MiB regions (hakmem's page)": lambda: BestFit(64 << 10, 2 << 20),
+        "4 KiB pages, 2 MiB regions, 4 KiB header": lambda: BestFit(PAGE, 2 << 20, PAGE),
+        "4 KiB pages, 2 MiB regions, 4 KiB header, hakmem's classes":
+            lambda: BestFit(PAGE, 2 << 20, PAGE, True),
+        "64 KiB pages, 2 MiB regions, 64 KiB header, hakmem's classes (hakmem's page)":
+            lambda: BestFit(64 << 10, 2 << 20, 64 << 10, True),
     }
     for purge in purges:
         for name, make in policies.items():
