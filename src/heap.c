@@ -11,7 +11,8 @@ HAK_TLS heap_t *hak_tl_heap = &hak_empty_heap;
 
 static pthread_mutex_t heaps_lock = PTHREAD_MUTEX_INITIALIZER;
 static heap_t *all_heaps;             /* every heap ever made; never freed */
-static heap_t *orphans;               /* heaps of exited threads, not yet reused */
+static heap_t *orphans;               /* heaps of exited threads, not yet reused: oldest first */
+static heap_t **orphans_tail = &orphans; /* where the next one goes */
 static _Atomic size_t orphan_count;
 static uint64_t last_adoption_ms;     /* when a new thread last took an orphan (heaps_lock) */
 static pthread_key_t heap_key;
@@ -763,23 +764,29 @@ static void heap_push_orphan_locked(heap_t *h)
 {
     h->state = HEAP_ORPHAN;
     h->orphaned_ms = os_now_ms();
-    h->next_orphan = orphans;
-    orphans = h;
+    h->next_orphan = NULL;
+    *orphans_tail = h;
+    orphans_tail = &h->next_orphan;
     atomic_fetch_add_explicit(&orphan_count, 1, memory_order_relaxed);
 }
 
-/* The newest orphan whose thread exited before the given time, out of the
- * list; NULL if none. */
+/* The oldest orphan, out of the queue, if its thread exited before the
+ * given time; else NULL. Oldest first: its blocks have had the longest to
+ * come back from other threads, and no orphan waits behind newer ones.
+ * Newest first, a thread that started while another of its round still
+ * ran took the heap that one had just left, its blocks still in use, and
+ * older heaps full of freed blocks waited: test_threads' churn, four
+ * copies at once on two cores, mapped 113 to 203 MiB after its rounds
+ * (CI once 240 on average over ten), against 117 to 138 oldest first. */
 static heap_t *heap_pop_orphan_locked(uint64_t orphaned_before_ms)
 {
-    heap_t **link = &orphans;
-    while (*link && (*link)->orphaned_ms > orphaned_before_ms)
-        link = &(*link)->next_orphan;
-    heap_t *h = *link;
-    if (h) {
-        *link = h->next_orphan;
-        atomic_fetch_sub_explicit(&orphan_count, 1, memory_order_relaxed);
-    }
+    heap_t *h = orphans;
+    if (!h || h->orphaned_ms > orphaned_before_ms)
+        return NULL;
+    orphans = h->next_orphan;
+    if (!orphans)
+        orphans_tail = &orphans;
+    atomic_fetch_sub_explicit(&orphan_count, 1, memory_order_relaxed);
     return h;
 }
 
