@@ -129,7 +129,7 @@ void hak_free_irregular(slab_t *s, void *p, const char *op)
     }
     HAK_COUNT(heap, free_local_slow);
     if (s->used == 1) {
-        heap_free_last_block(heap, s, block);
+        heap_free_last_block(s, block);
         return;
     }
     block_link(block, s->free);

@@ -57,10 +57,14 @@ static inline void *hak_alloc(size_t size, uintptr_t site)
 }
 
 /* Free: mask to the SuperSlab, look up the slab, and if the caller owns it
- * with no flag set, push the block onto the slab's free list. Anything
- * unusual (another thread's slab, a flagged slab, the slab's last block,
- * a pointer that is not a block start, a block that carries the free mark)
- * goes to hak_free_irregular, which also reports. */
+ * with no flag set, push the block onto the slab's free list; the slab's
+ * last block goes to heap_free_last_block, checked as the others (a loop
+ * that takes and frees one mid block, battle json, went through
+ * hak_free_irregular's checks a second time: 42 instructions of 130 an
+ * iteration). Anything unusual (another thread's slab, a flagged slab, a
+ * pointer that is not a block start, a block that carries the free mark,
+ * a slab with no block in use) goes to hak_free_irregular, which also
+ * reports. */
 static inline void hak_free_checked(void *p, const char *op)
 {
     if (unlikely(segmap_kind(p) != SEG_SUPERSLAB)) {
@@ -72,14 +76,20 @@ static inline void hak_free_checked(void *p, const char *op)
     if (likely(atomic_load_explicit(&s->owner, memory_order_relaxed) == (uintptr_t)heap)) {
         uint64_t offset_times_recip = (uint64_t)((char *)p - s->start) * s->recip;
         uint32_t used = s->used;
-        /* used <= 1: the slab empties. */
         if (likely(!(offset_times_recip & RECIP_REMAINDER_BITS) && (char *)p < s->carved_end &&
-                   used > 1 && !block_is_free(p))) {
-            HAK_COUNT(heap, free_local);
-            block_link(p, s->free);
-            s->free = p;
-            s->used = used - 1;
-            return;
+                   !block_is_free(p))) {
+            if (likely(used > 1)) {
+                HAK_COUNT(heap, free_local);
+                block_link(p, s->free);
+                s->free = p;
+                s->used = used - 1;
+                return;
+            }
+            if (used == 1) { /* the slab empties */
+                HAK_COUNT(heap, free_local_slow);
+                heap_free_last_block(s, p);
+                return;
+            }
         }
     }
     hak_free_irregular(s, p, op);

@@ -374,8 +374,9 @@ static HAK_NOINLINE void heap_keep_or_release_last(heap_t *heap, slab_t *s, void
  * reason we could find (docs/benchmarks.md). A fork before the cache
  * holds the block leaks it to the child; the signal fence keeps the cache
  * from holding it before its link is set. */
-void heap_free_last_block(heap_t *heap, slab_t *s, void *block)
+void heap_free_last_block(slab_t *s, void *block)
 {
+    heap_t *heap = heap_get(); /* not passed in: the free fast path keeps it out of a register */
     if (!s->parked) {
         heap_keep_or_release_last(heap, s, block);
         return;

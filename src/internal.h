@@ -389,7 +389,7 @@ static inline heap_t *heap_get(void) { return hak_tl_heap; }
 
 void *heap_alloc_slow(heap_t *heap, unsigned c, size_t size, uintptr_t site);
 heap_t *heap_thread_init(void);
-void heap_free_last_block(heap_t *heap, slab_t *s, void *block);
+void heap_free_last_block(slab_t *s, void *block); /* s's owner is the caller */
 void heap_slab_mark_aligned(slab_t *s);
 void heap_collect(heap_t *heap, bool unmap_now);
 void heap_flush_class(heap_t *heap, unsigned c);
