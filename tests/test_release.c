@@ -19,6 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "check.h"
@@ -135,12 +136,23 @@ static void mode_trim(size_t start)
     test_aligned_cost();
 }
 
+static double now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
+}
+
 static void mode_sleep(size_t start, bool thread)
 {
     allocate_mix(512 * MiB, 3);
     free_mix_shuffled(4);
+    double freed = now_ms();
     size_t right_after = rss_bytes();
-    CHECK(right_after > start + 8 * MiB); /* the delay holds pages a while */
+    if (!thread || now_ms() - freed < 100) /* the delay is 200 ms: not so on a loaded machine */
+        CHECK(right_after > start + 8 * MiB); /* the delay holds pages a while */
+    else
+        fprintf(stderr, "sleep: RSS read %.0f ms after the frees, not checked\n", now_ms() - freed);
     CHECK(thread_count() == (thread ? 2 : 1));
     size_t slept = rss_after_wait(start + 5 * MiB / 2, thread ? 3000 : 600);
     printf("sleep: start %.2f MiB, right after free %.1f MiB, after sleeping %.2f MiB\n",
