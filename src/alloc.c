@@ -80,8 +80,11 @@ void hak_remote_free(slab_t *s, void *p)
                                                   memory_order_relaxed));
     _Atomic uint64_t *hint = &owner->remote_hint[c / 64];
     uint64_t bit = (uint64_t)1 << (c % 64);
-    if (!(atomic_load_explicit(hint, memory_order_relaxed) & bit))
+    if (!(atomic_load_explicit(hint, memory_order_relaxed) & bit)) {
         atomic_fetch_or_explicit(hint, bit, memory_order_release);
+        if (atomic_load_explicit(&owner->state, memory_order_relaxed) == HEAP_ORPHAN)
+            purger_notify(); /* no owner to drain it: the purger will (heaps_drain_orphans) */
+    }
 }
 
 /* The block that p addresses, checked; NULL (after a report) if p is not

@@ -10,6 +10,10 @@ heap_t hak_empty_heap;
 HAK_TLS heap_t *hak_tl_heap = &hak_empty_heap;
 
 static pthread_mutex_t heaps_lock = PTHREAD_MUTEX_INITIALIZER;
+/* Held while the purger drains an orphan and while hak_collect takes the
+ * orphans over, so that hak_collect finds every orphan back in the queue,
+ * drained or not; taken before heaps_lock. */
+static pthread_mutex_t orphans_drain_lock = PTHREAD_MUTEX_INITIALIZER;
 static heap_t *all_heaps;             /* every heap ever made; never freed */
 static heap_t *orphans;               /* heaps of exited threads, not yet reused: oldest first */
 static heap_t **orphans_tail = &orphans; /* where the next one goes */
@@ -408,6 +412,14 @@ void heap_slab_mark_aligned(slab_t *s)
 }
 
 /* Remote frees are announced by a hint bit per class. */
+static bool heap_has_remote_frees(heap_t *heap)
+{
+    for (unsigned w = 0; w < (CLASS_COUNT + 63) / 64; w++)
+        if (atomic_load_explicit(&heap->remote_hint[w], memory_order_relaxed))
+            return true;
+    return false;
+}
+
 static bool heap_take_hint(heap_t *heap, unsigned c)
 {
     _Atomic uint64_t *word = &heap->remote_hint[c / 64];
@@ -761,14 +773,42 @@ static heap_t *heap_new_locked(void)
     return h;
 }
 
-static void heap_push_orphan_locked(heap_t *h)
+/* h into the orphans' queue at link. */
+static void heap_link_orphan_locked(heap_t *h, heap_t **link)
 {
     h->state = HEAP_ORPHAN;
-    h->orphaned_ms = os_now_ms();
-    h->next_orphan = NULL;
-    *orphans_tail = h;
-    orphans_tail = &h->next_orphan;
+    h->next_orphan = *link;
+    *link = h;
+    if (!h->next_orphan)
+        orphans_tail = &h->next_orphan;
     atomic_fetch_add_explicit(&orphan_count, 1, memory_order_relaxed);
+}
+
+/* A thread's heap, orphaned now: the newest, last. */
+static void heap_push_orphan_locked(heap_t *h)
+{
+    h->orphaned_ms = os_now_ms();
+    heap_link_orphan_locked(h, orphans_tail);
+}
+
+/* An orphan back in the queue, before the first that exited after it. */
+static void heap_requeue_orphan_locked(heap_t *h)
+{
+    heap_t **link = &orphans;
+    while (*link && (*link)->orphaned_ms <= h->orphaned_ms)
+        link = &(*link)->next_orphan;
+    heap_link_orphan_locked(h, link);
+}
+
+/* The orphan *link points to, out of the queue. */
+static heap_t *heap_unlink_orphan_locked(heap_t **link)
+{
+    heap_t *h = *link;
+    *link = h->next_orphan;
+    if (!*link)
+        orphans_tail = link;
+    atomic_fetch_sub_explicit(&orphan_count, 1, memory_order_relaxed);
+    return h;
 }
 
 /* The oldest orphan, out of the queue, if its thread exited before the
@@ -781,14 +821,9 @@ static void heap_push_orphan_locked(heap_t *h)
  * (CI once 240 on average over ten), against 117 to 138 oldest first. */
 static heap_t *heap_pop_orphan_locked(uint64_t orphaned_before_ms)
 {
-    heap_t *h = orphans;
-    if (!h || h->orphaned_ms > orphaned_before_ms)
+    if (!orphans || orphans->orphaned_ms > orphaned_before_ms)
         return NULL;
-    orphans = h->next_orphan;
-    if (!orphans)
-        orphans_tail = &orphans;
-    atomic_fetch_sub_explicit(&orphan_count, 1, memory_order_relaxed);
-    return h;
+    return heap_unlink_orphan_locked(&orphans);
 }
 
 /* Give the calling thread a heap: an exited thread's, with all its slabs,
@@ -844,6 +879,8 @@ static void heap_thread_exit(void *arg)
     pthread_mutex_lock(&heaps_lock);
     heap_push_orphan_locked(h);
     pthread_mutex_unlock(&heaps_lock);
+    if (heap_has_remote_frees(h)) /* freed while it was collected: no free after will say so */
+        purger_notify();
     if (hak_config.verbose)
         hak_warn("thread exited; its heap waits for reuse", NULL);
 }
@@ -881,10 +918,62 @@ void heaps_collect_orphans(void)
         heap = heap_thread_init();
     if (!heap)
         return;
+    pthread_mutex_lock(&orphans_drain_lock);
     heap_enter_lists(heap);
     while (atomic_load_explicit(&orphan_count, memory_order_relaxed) && heap_absorb_orphan(heap, UINT64_MAX))
         ;
     heap_leave_lists(heap);
+    pthread_mutex_unlock(&orphans_drain_lock);
+}
+
+/* Blocks freed into an orphan's slabs wait on their remote lists for the
+ * heap's next owner; a program that starts no thread and allocates
+ * nothing new (asleep, or done with its pool of workers) has none, and
+ * kept them for good (a worker's 113 MiB, freed by the main thread, held
+ * through a sleep). The purger drains an orphan once remote frees are
+ * announced and it has waited the purge delay since its exit or its last
+ * drain: the slabs left empty go back to their SuperSlabs, empty
+ * SuperSlabs to the pool, and the heap to its place in the queue (by its
+ * exit, so that adoption stays oldest first). Returns when the next
+ * orphan with remote frees falls due, or 0. */
+uint64_t heaps_drain_orphans(void)
+{
+    uint64_t delay = (uint64_t)hak_config.purge_delay_ms;
+    for (;;) {
+        uint64_t now = os_now_ms(), due = 0;
+        heap_t *o = NULL;
+        /* Busy: hak_collect is taking them over, or this very drain purges
+         * inline (HAKMEM_PURGE_THREAD=0) from inside itself. Look again soon. */
+        if (pthread_mutex_trylock(&orphans_drain_lock) != 0)
+            return now + delay / 4 + 1;
+        pthread_mutex_lock(&heaps_lock);
+        for (heap_t **link = &orphans; *link; link = &(*link)->next_orphan) {
+            heap_t *h = *link;
+            uint64_t since = h->drained_ms > h->orphaned_ms ? h->drained_ms : h->orphaned_ms;
+            if (!heap_has_remote_frees(h))
+                continue;
+            if (since + delay > now) {
+                due = due_earlier(due, since + delay);
+                continue;
+            }
+            o = heap_unlink_orphan_locked(link);
+            o->state = HEAP_LIVE; /* out of reach; a fork meanwhile leaves it alone (in_slow) */
+            break;
+        }
+        pthread_mutex_unlock(&heaps_lock);
+        if (o) {
+            for (unsigned w = 0; w < (CLASS_COUNT + 63) / 64; w++) /* frees from now on announce themselves */
+                atomic_exchange_explicit(&o->remote_hint[w], 0, memory_order_acquire);
+            heap_collect(o, false);
+            o->drained_ms = now;
+            pthread_mutex_lock(&heaps_lock);
+            heap_requeue_orphan_locked(o);
+            pthread_mutex_unlock(&heaps_lock);
+        }
+        pthread_mutex_unlock(&orphans_drain_lock);
+        if (!o)
+            return due;
+    }
 }
 
 void heaps_totals(size_t *live, size_t *orphaned, uint64_t *slab_refills, uint64_t *counters)
@@ -921,6 +1010,7 @@ uint64_t heaps_allocations(void)
 
 void heaps_fork_prepare(void)
 {
+    pthread_mutex_lock(&orphans_drain_lock);
     pthread_mutex_lock(&heaps_lock);
     superslab_fork_prepare();
 }
@@ -929,6 +1019,7 @@ void heaps_fork_parent(void)
 {
     superslab_fork_parent();
     pthread_mutex_unlock(&heaps_lock);
+    pthread_mutex_unlock(&orphans_drain_lock);
 }
 
 /* In the child only the forking thread survives. The other threads' heaps
@@ -947,6 +1038,7 @@ void heaps_fork_child(void)
             heap_push_orphan_locked(h);
     }
     pthread_mutex_unlock(&heaps_lock);
+    pthread_mutex_unlock(&orphans_drain_lock);
 }
 
 void heaps_process_init(void)

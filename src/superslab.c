@@ -408,7 +408,7 @@ void superslab_unmap_pool(void)
     pthread_mutex_unlock(&ss_lock);
 }
 
-void superslab_stats(size_t *superslabs, size_t *empty, size_t slabs[2], size_t bytes[2])
+HAK_RACY_READS void superslab_stats(size_t *superslabs, size_t *empty, size_t slabs[2], size_t bytes[2])
 {
     pthread_mutex_lock(&ss_lock);
     *superslabs = ss_count;
@@ -428,7 +428,7 @@ void superslab_stats(size_t *superslabs, size_t *empty, size_t slabs[2], size_t 
 }
 
 /* Bytes of class c's blocks off their slabs' free lists, in every SuperSlab. */
-size_t superslab_class_bytes(unsigned c)
+HAK_RACY_READS size_t superslab_class_bytes(unsigned c)
 {
     size_t bytes = 0;
     pthread_mutex_lock(&ss_lock);

@@ -361,6 +361,52 @@ static void test_orphan_taken_over(void)
     CHECK(st.tiny_bytes < ORPHAN_BLOCKS * ORPHAN_SIZE / 8); /* the 4 MiB went back */
 }
 
+/* Blocks freed into an exited thread's heap come back while the program
+ * sleeps: the purger drains the orphan once the delay (100 ms) has passed.
+ * They used to wait for a live thread to need new slabs, and a program
+ * that no longer allocated kept them. The main thread allocates nothing
+ * while it waits (hak_stats_get reads /proc without malloc). */
+enum { ASLEEP_BLOCKS = 2048, ASLEEP_SIZE = 8192 }; /* 16 MiB of mid blocks */
+static void *asleep_blocks[ASLEEP_BLOCKS];
+
+static void *allocate_touched_and_exit(void *arg)
+{
+    (void)arg;
+    for (int i = 0; i < ASLEEP_BLOCKS; i++) {
+        asleep_blocks[i] = malloc(ASLEEP_SIZE);
+        memset(asleep_blocks[i], 1, ASLEEP_SIZE);
+    }
+    return NULL;
+}
+
+static void test_orphan_drained_asleep(void)
+{
+    hak_collect(true);
+    hak_stats_t before, st;
+    hak_stats_get(&before);
+    pthread_t thread;
+    pthread_create(&thread, NULL, allocate_touched_and_exit, NULL);
+    pthread_join(thread, NULL);
+    bool owned = true;
+    for (int i = 0; i < ASLEEP_BLOCKS; i++) {
+        owned &= hak_owns(asleep_blocks[i]);
+        free(asleep_blocks[i]); /* onto the exited heap's remote lists */
+    }
+    CHECK(owned);
+    for (int waited = 0; waited < 3000; waited += 20) {
+        hak_stats_get(&st);
+        if (st.mid_bytes < before.mid_bytes + (1u << 20) && st.rss_bytes < before.rss_bytes + (4u << 20))
+            break;
+        usleep(20 * 1000);
+    }
+    if (st.mid_bytes >= before.mid_bytes + (1u << 20) || st.rss_bytes >= before.rss_bytes + (4u << 20))
+        fprintf(stderr, "asleep: mid bytes %.1f MiB, RSS %.1f MiB, before %.1f and %.1f\n", st.mid_bytes / 1048576.0,
+                st.rss_bytes / 1048576.0, before.mid_bytes / 1048576.0, before.rss_bytes / 1048576.0);
+    CHECK(st.mid_bytes < before.mid_bytes + (1u << 20)); /* the blocks are free again */
+    CHECK(st.rss_bytes < before.rss_bytes + (4u << 20)); /* and their pages went back */
+    CHECK(st.heaps_orphaned == 1);                       /* drained where it was, not taken over */
+}
+
 /* hak_collect from a thread that never allocated: it is given an exited
  * thread's heap, and drains the frees other threads made into it as it
  * does the rest (it once took the heap after collecting its own, and
@@ -632,6 +678,7 @@ int main(int argc, char **argv)
     test_short_threads();
     test_exit_without_successor();
     test_orphan_taken_over();
+    test_orphan_drained_asleep();
     test_collect_from_new_thread();
     test_owns_while_collecting();
     test_parked_block();
