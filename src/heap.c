@@ -412,14 +412,6 @@ void heap_slab_mark_aligned(slab_t *s)
 }
 
 /* Remote frees are announced by a hint bit per class. */
-static bool heap_has_remote_frees(heap_t *heap)
-{
-    for (unsigned w = 0; w < (CLASS_COUNT + 63) / 64; w++)
-        if (atomic_load_explicit(&heap->remote_hint[w], memory_order_relaxed))
-            return true;
-    return false;
-}
-
 static bool heap_take_hint(heap_t *heap, unsigned c)
 {
     _Atomic uint64_t *word = &heap->remote_hint[c / 64];
@@ -428,6 +420,15 @@ static bool heap_take_hint(heap_t *heap, unsigned c)
         return false;
     atomic_fetch_and_explicit(word, ~bit, memory_order_acquire);
     return true;
+}
+
+/* Some class of the heap got a remote free since its hints were last taken. */
+static bool heap_has_remote_frees(heap_t *heap)
+{
+    for (unsigned w = 0; w < (CLASS_COUNT + 63) / 64; w++)
+        if (atomic_load_explicit(&heap->remote_hint[w], memory_order_relaxed))
+            return true;
+    return false;
 }
 
 static void heap_keep_slab(heap_t *heap, slab_t *s);
@@ -957,7 +958,7 @@ uint64_t heaps_drain_orphans(void)
                 continue;
             }
             o = heap_unlink_orphan_locked(link);
-            o->state = HEAP_LIVE; /* out of reach; a fork meanwhile leaves it alone (in_slow) */
+            o->state = HEAP_LIVE; /* out of the queue while it drains (a fork waits for the drain lock) */
             break;
         }
         pthread_mutex_unlock(&heaps_lock);

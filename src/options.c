@@ -50,7 +50,7 @@ static option_t options[] = {
      "Blocks above this size get their own mapping; a power of two from 64K to 2M (with 2M, blocks above 1.875M still do: a slab cannot hold 2 MiB).",
      &hak_config.large_threshold, 64 << 10, 2 << 20, {0}},
     {"HAKMEM_PURGE_DELAY_MS", OPT_INT, "100",
-     "Free slab pages and the pages of large blocks held by BigCache are returned to the OS (MADV_DONTNEED) once they have been free this long; 0 purges at once. Also how long an exited thread's heap waits for a new thread before a live one absorbs it.",
+     "Free slab pages and the pages of large blocks held by BigCache are returned to the OS (MADV_DONTNEED) once they have been free this long; 0 purges at once. Also how long an exited thread's heap waits for a new thread before a live one absorbs it or the purger drains what others freed into it.",
      &hak_config.purge_delay_ms, 0, 3600000, {0}},
     {"HAKMEM_PURGE_THREAD", OPT_BOOL, "1",
      "Purge from a background thread (started the first time pages wait for a purge), so that memory goes back while the program sleeps; 0 purges inside allocator calls only.",

@@ -11,6 +11,7 @@
 
 #include <stdio.h>
 #include <stdlib.h>
+#include <time.h>
 
 static int checks_passed, checks_failed;
 
@@ -24,6 +25,15 @@ static int checks_passed, checks_failed;
                 fprintf(stderr, "%s:%d: check failed: %s\n", __FILE__, __LINE__, #cond); \
         }                                                                              \
     } while (0)
+
+/* The clock of timed checks, which skip themselves where a loaded machine
+ * took longer than their premise allows. */
+static inline double now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
+}
 
 /* The secure_ tests preload the hardened library and say EXPECT_HARDENED:
  * it must be the one serving (hak_stats_get resolves to it). */

@@ -19,7 +19,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "check.h"
@@ -134,13 +133,6 @@ static void mode_trim(size_t start)
            start / 1048576.0, peak / 1048576.0, end / 1048576.0);
     CHECK(end <= start + MiB / 2);
     test_aligned_cost();
-}
-
-static double now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
 }
 
 static void mode_sleep(size_t start, bool thread)

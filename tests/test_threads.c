@@ -225,23 +225,22 @@ static void test_thread_churn(void)
 enum { SHORT_THREADS = 8, SHORT_BLOCKS = 20000, SHORT_SIZE = 256 };
 static void *short_blocks[SHORT_BLOCKS];
 
+/* n blocks of size bytes into blocks[], each written whole. */
+static void allocate_touched(void **blocks, int n, size_t size)
+{
+    for (int i = 0; i < n; i++) {
+        blocks[i] = malloc(size);
+        memset(blocks[i], 1, size);
+    }
+}
+
 static void *short_thread(void *arg)
 {
     (void)arg;
-    for (int i = 0; i < SHORT_BLOCKS; i++) {
-        short_blocks[i] = malloc(SHORT_SIZE);
-        memset(short_blocks[i], 1, SHORT_SIZE);
-    }
+    allocate_touched(short_blocks, SHORT_BLOCKS, SHORT_SIZE);
     for (int i = 0; i < SHORT_BLOCKS; i++)
         free(short_blocks[i]);
     return NULL;
-}
-
-static double now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
 }
 
 /* Where threads come and go (a new one adopted an exited one's heap), an
@@ -372,10 +371,7 @@ static void *asleep_blocks[ASLEEP_BLOCKS];
 static void *allocate_touched_and_exit(void *arg)
 {
     (void)arg;
-    for (int i = 0; i < ASLEEP_BLOCKS; i++) {
-        asleep_blocks[i] = malloc(ASLEEP_SIZE);
-        memset(asleep_blocks[i], 1, ASLEEP_SIZE);
-    }
+    allocate_touched(asleep_blocks, ASLEEP_BLOCKS, ASLEEP_SIZE);
     return NULL;
 }
 
