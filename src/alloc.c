@@ -83,7 +83,7 @@ void hak_remote_free(slab_t *s, void *p)
     if (!(atomic_load_explicit(hint, memory_order_relaxed) & bit)) {
         atomic_fetch_or_explicit(hint, bit, memory_order_release);
         if (atomic_load_explicit(&owner->state, memory_order_relaxed) == HEAP_ORPHAN)
-            purger_notify(); /* no owner to drain it: the purger will (heaps_drain_orphans) */
+            heaps_notice_orphan_frees(); /* no owner to drain it: the purger will */
     }
 }
 

@@ -401,6 +401,7 @@ void heap_collect(heap_t *heap, bool unmap_now);
 void heap_flush_class(heap_t *heap, unsigned c);
 void heaps_collect_orphans(void);
 uint64_t heaps_drain_orphans(void);
+void heaps_notice_orphan_frees(void);
 void heaps_fork_prepare(void);
 void heaps_fork_parent(void);
 void heaps_fork_child(void);
