@@ -959,7 +959,9 @@ void heaps_notice_orphan_frees(void)
  * drain: the slabs left empty go back to their SuperSlabs, empty
  * SuperSlabs to the pool, and the heap to its place in the queue (by its
  * exit, so that adoption stays oldest first). Returns when the next
- * orphan with remote frees falls due, or 0. */
+ * orphan with remote frees falls due; else, if frees into orphans were
+ * announced since the last look (their heaps adopted since), a delay from
+ * now, so that more of them do not wake the purger each time; else 0. */
 uint64_t heaps_drain_orphans(void)
 {
     uint64_t delay = (uint64_t)hak_config.purge_delay_ms;
@@ -997,8 +999,6 @@ uint64_t heaps_drain_orphans(void)
             pthread_mutex_unlock(&heaps_lock);
         }
         pthread_mutex_unlock(&orphans_drain_lock);
-        /* Frees came into orphans adopted since: look again after a
-         * delay rather than sleep until the next such free wakes us. */
         if (!o)
             return due || !noticed ? due : now + delay;
     }
