@@ -14,7 +14,7 @@ static pthread_mutex_t heaps_lock = PTHREAD_MUTEX_INITIALIZER;
  * orphans over, so that hak_collect finds every orphan back in the queue,
  * drained or not; taken before heaps_lock. */
 static pthread_mutex_t orphans_drain_lock = PTHREAD_MUTEX_INITIALIZER;
-static heap_t *all_heaps;             /* every heap ever made; never freed */
+static heap_t *_Atomic all_heaps;     /* every heap ever made; never freed (read without the lock: heaps_all) */
 static heap_t *orphans;               /* heaps of exited threads, not yet reused: oldest first */
 static heap_t **orphans_tail = &orphans; /* where the next one goes */
 static _Atomic size_t orphan_count;
@@ -770,7 +770,7 @@ static heap_t *heap_new_locked(void)
     heap_t *h = (heap_t *)(meta_next + HEAP_PAGE_OFFSET);
     meta_next += size;
     h->next_all = all_heaps;
-    all_heaps = h;
+    atomic_store_explicit(&all_heaps, h, memory_order_release);
     return h;
 }
 
@@ -875,6 +875,7 @@ static void heap_thread_exit(void *arg)
     heap_t *h = arg;
     if (h != hak_tl_heap)
         return;
+    bigcache_thread_exit();
     heap_collect(h, !threads_recycled());
     hak_tl_heap = &hak_empty_heap;
     pthread_mutex_lock(&heaps_lock);
@@ -1020,6 +1021,10 @@ void heaps_totals(size_t *live, size_t *orphaned, uint64_t *slab_refills, uint64
     }
     pthread_mutex_unlock(&heaps_lock);
 }
+
+/* Every heap ever made, without the lock: heaps are only ever added at the
+ * head, each with its next_all set before, and never freed. */
+heap_t *heaps_all(void) { return atomic_load_explicit(&all_heaps, memory_order_acquire); }
 
 /* Slab-sized allocations of every thread so far: each heap's completed
  * sampling intervals plus the part of the current one it has used (read

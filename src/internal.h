@@ -352,6 +352,49 @@ enum { HAK_COUNTER_LIST(HAK_COUNTER_ENUM) HAK_COUNTER_COUNT };
  * can reach its pages. This bounds what a sleeping thread holds dirty. */
 #define HEAP_KEPT_EMPTY_BYTES ((size_t)1 << 20)
 
+/* BigCache's front in a heap (bigcache.c): the large block its thread
+ * freed last, which the owner takes and puts with relaxed (plain) accesses
+ * only, and which the purger or a collect claims from it. */
+typedef struct bigcache_front {
+    struct large_hdr *_Atomic block;
+    _Atomic uint64_t since_ms; /* when block was freed (its cached_at_ms, readable by the claimer) */
+    _Atomic size_t bytes;      /* block's mapping size, 0 without one (bigcache_bytes) */
+    _Atomic uint64_t hits;     /* allocations it served */
+    _Atomic bool busy;         /* the owner is inside a take or a put */
+    _Atomic bool claimed;      /* a claimer is taking the block: the owner keeps off */
+} bigcache_front_t;
+
+/* *counter += n with a relaxed load and store, no locked instruction: on
+ * x86 each of those waits for the stores before it to drain. Exact where
+ * one thread writes the counter (a heap's own counts); where several may
+ * (histogram buckets), two at the same instant may lose one count, which
+ * no percentile notices. */
+#define ADD_UNLOCKED(counter, n)                                                                              \
+    atomic_store_explicit((counter), atomic_load_explicit((counter), memory_order_relaxed) + (n),             \
+                          memory_order_relaxed)
+
+/* The counts of a site table entry (site.c); live bytes are signed, in
+ * two's complement. */
+enum site_count {
+    SITE_ALLOCS, SITE_BYTES, SITE_SAMPLES, SITE_FREES, SITE_LARGE_ALLOCS, SITE_BIGCACHE_HITS, SITE_LIVE_BYTES,
+    SITE_COUNTS
+};
+
+/* The KPI totals (kpi.c). */
+enum kpi_total { KPI_LATENCY_SAMPLES, KPI_LATENCY_TICKS, KPI_LARGE_CALLS, KPI_TOTALS };
+
+/* A heap's profiling counts, kept by its owner with ADD_UNLOCKED and
+ * added to the shared ones by whoever reads them: an allocation and a
+ * free of a large block took 13 locked instructions otherwise. The site
+ * counts are those of one site table entry at a time, moved into the
+ * table when the thread records another; the KPI totals stay. */
+typedef struct heap_profile {
+    _Atomic uintptr_t site;  /* the call site of entry index, 0 if not known */
+    _Atomic unsigned index;  /* the site table entry the counts belong to */
+    _Atomic uint64_t site_counts[SITE_COUNTS];
+    _Atomic uint64_t kpi_totals[KPI_TOTALS];
+} heap_profile_t;
+
 /* Per-thread state. The allocation fast path pops cache[c]: a list of free
  * blocks of cur[c], the slab it is filled from. Heaps are never unmapped
  * (a remote free may still read one). */
@@ -382,6 +425,8 @@ typedef struct heap {
     uint64_t sample_rng;       /* xorshift state drawing the sampling intervals */
     _Atomic int in_slow;       /* inside a list update (fork safety) */
     uint64_t slab_refills;     /* read racily by the report */
+    bigcache_front_t bigcache_front;
+    heap_profile_t profile;
     const void *corrupt_link;  /* hardened: a cached block whose link was corrupt (cache_next) */
 #ifdef HAKMEM_COUNTERS
     uint64_t counters[HAK_COUNTER_COUNT];
@@ -407,6 +452,7 @@ void heaps_fork_parent(void);
 void heaps_fork_child(void);
 void heaps_process_init(void);
 void heaps_totals(size_t *live, size_t *orphaned, uint64_t *slab_refills, uint64_t *counters);
+heap_t *heaps_all(void);
 uint64_t heaps_allocations(void);
 
 /* ---- SuperSlab pool ---------------------------------------------------- */
@@ -468,12 +514,13 @@ large_hdr_t *large_header_of(const void *p);
 
 /* ---- BigCache (bigcache.c) --------------------------------------------- */
 
-extern _Atomic uint64_t hak_bigcache_hits, hak_bigcache_misses;
 void bigcache_init(void);
 large_hdr_t *bigcache_take(uintptr_t site, size_t size, size_t align);
 bool bigcache_put(large_hdr_t *h);
+void bigcache_thread_exit(void); /* before the thread's heap is orphaned */
 uint64_t bigcache_collect(bool unmap);
 size_t bigcache_bytes(void);
+void bigcache_counts(uint64_t *hits, uint64_t *misses);
 void bigcache_fork_prepare(void);
 void bigcache_fork_parent(void);
 void bigcache_fork_child(void);

@@ -1,8 +1,9 @@
 /* KPIs: allocation latency from sampled timings (a log-scale histogram of
  * clock ticks, each sample weighted by the allocations it stands for, so
  * that the percentiles are those of all allocations), page faults and RSS;
- * hak_get_kpi. Counters are global atomics: they change only at samples
- * and large-block calls. */
+ * hak_get_kpi. They change only at samples and large-block calls: the
+ * histogram in global atomics, the totals in the calling thread's heap
+ * (heap_profile_t), summed over heaps when read. */
 #include "internal.h"
 #include "hakmem.h"
 
@@ -12,9 +13,10 @@
 #define LATENCY_BUCKETS 256
 
 static _Atomic uint64_t latency_hist[LATENCY_BUCKETS];
-static _Atomic uint64_t latency_count;        /* samples timed */
-static _Atomic uint64_t latency_weighted_ticks; /* sum of ticks x weight: the estimated time of all allocations */
-static _Atomic uint64_t large_calls;           /* large-tier allocations (each one timed) */
+/* enum kpi_total: samples timed; the sum of ticks x weight, the estimated
+ * time of all allocations; large-tier allocations (each one timed). These
+ * are the totals of threads without a heap, the others' are in their heaps. */
+static _Atomic uint64_t heapless_totals[KPI_TOTALS];
 
 /* Tick rate: from two readings of ticks and nanoseconds far enough apart. */
 static uint64_t calib_ticks, calib_ns;
@@ -43,21 +45,40 @@ static double bucket_value(unsigned i)
     return low + (double)((uint64_t)1 << (b - 2)) / 2;
 }
 
-void kpi_record_latency(uint64_t ticks, uint64_t weight)
+/* Add n to a total: the calling thread's, or the heapless one. */
+static void total_add(enum kpi_total t, uint64_t n)
 {
-    atomic_fetch_add_explicit(&latency_hist[kpi_bucket_of(ticks)], weight, memory_order_relaxed);
-    atomic_fetch_add_explicit(&latency_count, 1, memory_order_relaxed);
-    atomic_fetch_add_explicit(&latency_weighted_ticks, ticks * weight, memory_order_relaxed);
+    heap_t *heap = heap_get();
+    if (heap == &hak_empty_heap)
+        atomic_fetch_add_explicit(&heapless_totals[t], n, memory_order_relaxed);
+    else
+        ADD_UNLOCKED(&heap->profile.kpi_totals[t], n);
 }
 
-void kpi_count_large_call(void) { atomic_fetch_add_explicit(&large_calls, 1, memory_order_relaxed); }
+/* A total over all threads, a moment old. */
+static uint64_t total_of(enum kpi_total t)
+{
+    uint64_t total = atomic_load_explicit(&heapless_totals[t], memory_order_relaxed);
+    for (heap_t *heap = heaps_all(); heap; heap = heap->next_all)
+        total += atomic_load_explicit(&heap->profile.kpi_totals[t], memory_order_relaxed);
+    return total;
+}
+
+void kpi_record_latency(uint64_t ticks, uint64_t weight)
+{
+    ADD_UNLOCKED(&latency_hist[kpi_bucket_of(ticks)], weight);
+    total_add(KPI_LATENCY_SAMPLES, 1);
+    total_add(KPI_LATENCY_TICKS, ticks * weight);
+}
+
+void kpi_count_large_call(void) { total_add(KPI_LARGE_CALLS, 1); }
 
 /* Totals so far: the estimated ticks spent allocating, and the exact
  * number of allocations (slab-sized and large). */
 void kpi_window_counters(uint64_t *latency_ticks, uint64_t *allocations)
 {
-    *latency_ticks = atomic_load_explicit(&latency_weighted_ticks, memory_order_relaxed);
-    *allocations = heaps_allocations() + atomic_load_explicit(&large_calls, memory_order_relaxed);
+    *latency_ticks = total_of(KPI_LATENCY_TICKS);
+    *allocations = heaps_allocations() + total_of(KPI_LARGE_CALLS);
 }
 
 /* Nanoseconds per tick; the first call right after start waits until
@@ -101,7 +122,7 @@ HAK_EXPORT int hak_get_kpi(hak_kpi_t *out)
     uint64_t hist[LATENCY_BUCKETS];
     for (unsigned i = 0; i < LATENCY_BUCKETS; i++)
         hist[i] = atomic_load_explicit(&latency_hist[i], memory_order_relaxed);
-    out->latency_samples = atomic_load_explicit(&latency_count, memory_order_relaxed);
+    out->latency_samples = total_of(KPI_LATENCY_SAMPLES);
     out->latency_p50_ns = kpi_hist_percentile(hist, LATENCY_BUCKETS, 0.50) * ns_per_tick;
     out->latency_p95_ns = kpi_hist_percentile(hist, LATENCY_BUCKETS, 0.95) * ns_per_tick;
     out->latency_p99_ns = kpi_hist_percentile(hist, LATENCY_BUCKETS, 0.99) * ns_per_tick;

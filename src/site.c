@@ -6,7 +6,9 @@
  * Lock-free and bounded: an entry is claimed by a CAS on its address field
  * within SITE_PROBES slots of the hash; when they are all taken the site
  * is charged to one shared overflow bucket. Counters are relaxed atomics:
- * they move at samples and large-block calls only. */
+ * they move at samples and large-block calls only, and the most frequent
+ * ones wait in the recording thread's heap (heap_profile_t) until it
+ * records another site; readers add them in. */
 #include "internal.h"
 #include "hakmem.h"
 
@@ -23,10 +25,8 @@
 
 typedef struct site_entry {
     _Atomic uintptr_t addr; /* 0 while free */
-    _Atomic uint64_t allocs, bytes, samples, frees;
-    _Atomic int64_t live_bytes;
+    _Atomic uint64_t counts[SITE_COUNTS]; /* enum site_count, beside those threads still hold */
     _Atomic size_t min_size, max_size;
-    _Atomic uint64_t large_allocs, bigcache_hits;
     _Atomic uint64_t touch_frees, touch_resident, touch_size;
     _Atomic uint32_t rules;           /* enum site_rule */
     _Atomic uint64_t rule_evidence[2]; /* the figures each rule was drawn from */
@@ -69,35 +69,89 @@ static void atomic_max_size(_Atomic size_t *v, size_t x)
         ;
 }
 
+/* ---- The recording thread's counts ---- */
+
+/* The calling thread's counts, now those of entry i (the counts of the
+ * entry before moved into the table), or NULL for a thread without a heap. */
+static heap_profile_t *profile_of(unsigned i, uintptr_t site)
+{
+    heap_t *heap = heap_get();
+    if (heap == &hak_empty_heap)
+        return NULL;
+    heap_profile_t *p = &heap->profile;
+    unsigned held = atomic_load_explicit(&p->index, memory_order_relaxed);
+    if (held != i) {
+        for (unsigned c = 0; c < SITE_COUNTS; c++) {
+            uint64_t n = atomic_load_explicit(&p->site_counts[c], memory_order_relaxed);
+            if (n) {
+                atomic_fetch_add_explicit(&sites[held].counts[c], n, memory_order_relaxed);
+                atomic_store_explicit(&p->site_counts[c], 0, memory_order_relaxed);
+            }
+        }
+        atomic_store_explicit(&p->index, i, memory_order_relaxed);
+    }
+    atomic_store_explicit(&p->site, site, memory_order_relaxed);
+    return p;
+}
+
+/* Add n to count c of entry i: the thread's (from profile_of), or the table's. */
+static void count(heap_profile_t *p, unsigned i, enum site_count c, uint64_t n)
+{
+    if (p)
+        ADD_UNLOCKED(&p->site_counts[c], n);
+    else
+        atomic_fetch_add_explicit(&sites[i].counts[c], n, memory_order_relaxed);
+}
+
+/* Count c of entry i as this thread sees it: the table's and its own. */
+static uint64_t count_seen(const heap_profile_t *p, unsigned i, enum site_count c)
+{
+    return atomic_load_explicit(&sites[i].counts[c], memory_order_relaxed) +
+           (p ? atomic_load_explicit(&p->site_counts[c], memory_order_relaxed) : 0);
+}
+
+/* The entry of site: the thread's counts know it when they are its. */
+static unsigned index_of(uintptr_t site)
+{
+    heap_profile_t *p = &heap_get()->profile; /* hak_empty_heap's stays 0 */
+    if (site && atomic_load_explicit(&p->site, memory_order_relaxed) == site)
+        return atomic_load_explicit(&p->index, memory_order_relaxed);
+    return site_index_of(site);
+}
+
+/* The calling thread's counts for entry i, whose site is known. */
+static heap_profile_t *profile_of_entry(unsigned i)
+{
+    return profile_of(i, atomic_load_explicit(&sites[i].addr, memory_order_relaxed));
+}
+
 unsigned site_record_alloc(uintptr_t site, size_t size, uint32_t weight, bool tracked)
 {
-    unsigned i = site_index_of(site);
-    site_entry_t *e = &sites[i];
-    atomic_fetch_add_explicit(&e->allocs, weight, memory_order_relaxed);
-    atomic_fetch_add_explicit(&e->bytes, (uint64_t)size * weight, memory_order_relaxed);
-    atomic_fetch_add_explicit(&e->samples, 1, memory_order_relaxed);
+    unsigned i = index_of(site);
+    heap_profile_t *p = profile_of(i, site);
+    count(p, i, SITE_ALLOCS, weight);
+    count(p, i, SITE_BYTES, (uint64_t)size * weight);
+    count(p, i, SITE_SAMPLES, 1);
     if (tracked)
-        atomic_fetch_add_explicit(&e->live_bytes, (int64_t)(size * weight), memory_order_relaxed);
-    atomic_min_size(&e->min_size, size);
-    atomic_max_size(&e->max_size, size);
+        count(p, i, SITE_LIVE_BYTES, (uint64_t)size * weight);
+    atomic_min_size(&sites[i].min_size, size);
+    atomic_max_size(&sites[i].max_size, size);
     return i;
 }
 
 void site_record_free(unsigned index, size_t size, uint32_t weight, uint64_t lifetime_ticks)
 {
-    site_entry_t *e = &sites[index];
-    atomic_fetch_sub_explicit(&e->live_bytes, (int64_t)(size * weight), memory_order_relaxed);
-    atomic_fetch_add_explicit(&e->frees, 1, memory_order_relaxed);
+    heap_profile_t *p = profile_of_entry(index);
+    count(p, index, SITE_LIVE_BYTES, -(uint64_t)size * weight);
+    count(p, index, SITE_FREES, 1);
     unsigned b = kpi_bucket_of(lifetime_ticks);
-    atomic_fetch_add_explicit(&e->lifetime_hist[b < LIFETIME_BUCKETS ? b : LIFETIME_BUCKETS - 1], 1,
-                              memory_order_relaxed);
+    ADD_UNLOCKED(&sites[index].lifetime_hist[b < LIFETIME_BUCKETS ? b : LIFETIME_BUCKETS - 1], 1);
 }
 
 /* A large block grown or shrunk in place (realloc). */
 void site_record_resize(unsigned index, size_t old_size, size_t new_size, uint32_t weight)
 {
-    atomic_fetch_add_explicit(&sites[index].live_bytes, ((int64_t)new_size - (int64_t)old_size) * weight,
-                              memory_order_relaxed);
+    count(profile_of_entry(index), index, SITE_LIVE_BYTES, ((uint64_t)new_size - old_size) * weight);
 }
 
 static void rule_set(site_entry_t *e, enum site_rule rule, uint64_t evidence)
@@ -118,12 +172,19 @@ static void rule_set(site_entry_t *e, enum site_rule rule, uint64_t evidence)
  * sites' blocks. */
 void site_record_large(unsigned index, bool bigcache_hit)
 {
-    site_entry_t *e = &sites[index];
-    uint64_t n = atomic_fetch_add_explicit(&e->large_allocs, 1, memory_order_relaxed) + 1;
-    uint64_t hits = bigcache_hit ? atomic_fetch_add_explicit(&e->bigcache_hits, 1, memory_order_relaxed) + 1
-                                 : atomic_load_explicit(&e->bigcache_hits, memory_order_relaxed);
-    if (hak_config.site_rules && index != SITE_OVERFLOW && n == RULE_BIGCACHE_TRIAL && hits == 0)
-        rule_set(e, RULE_NO_BIGCACHE, n);
+    heap_profile_t *p = profile_of_entry(index);
+    count(p, index, SITE_LARGE_ALLOCS, 1);
+    if (bigcache_hit)
+        count(p, index, SITE_BIGCACHE_HITS, 1);
+    if (!hak_config.site_rules || index == SITE_OVERFLOW)
+        return;
+    /* Other threads' counts may lag, so the trial's end is passed, not met
+     * exactly, in this thread's view. Hits only grow: none after the trial
+     * means none during it. */
+    uint64_t n = count_seen(p, index, SITE_LARGE_ALLOCS);
+    if (n >= RULE_BIGCACHE_TRIAL && count_seen(p, index, SITE_BIGCACHE_HITS) == 0 &&
+        !(site_rules_of(index) & RULE_NO_BIGCACHE))
+        rule_set(&sites[index], RULE_NO_BIGCACHE, n);
 }
 
 /* Whether the site still wants its new blocks measured at free. */
@@ -156,6 +217,21 @@ static double lifetime_median_ns(const site_entry_t *e, double ns_per_tick)
     return kpi_hist_percentile(hist, LIFETIME_BUCKETS, 0.5) * ns_per_tick;
 }
 
+/* Entry i's counts: the table's and those threads still hold (a moment
+ * old; a count being moved may show twice). */
+static void counts_of(unsigned i, uint64_t counts[SITE_COUNTS])
+{
+    for (unsigned c = 0; c < SITE_COUNTS; c++)
+        counts[c] = atomic_load_explicit(&sites[i].counts[c], memory_order_relaxed);
+    for (heap_t *heap = heaps_all(); heap; heap = heap->next_all) {
+        const heap_profile_t *p = &heap->profile;
+        if (atomic_load_explicit(&p->index, memory_order_relaxed) != i)
+            continue;
+        for (unsigned c = 0; c < SITE_COUNTS; c++)
+            counts[c] += atomic_load_explicit(&p->site_counts[c], memory_order_relaxed);
+    }
+}
+
 HAK_EXPORT size_t hak_sites_get(hak_site_t *out, size_t max)
 {
     hak_ensure_init();
@@ -164,21 +240,24 @@ HAK_EXPORT size_t hak_sites_get(hak_site_t *out, size_t max)
     for (unsigned i = 0; i <= SITE_TABLE && n < max; i++) {
         const site_entry_t *e = &sites[i];
         uintptr_t addr = atomic_load_explicit(&e->addr, memory_order_acquire);
-        if (!addr || !atomic_load_explicit(&e->samples, memory_order_relaxed))
+        if (!addr)
+            continue;
+        uint64_t counts[SITE_COUNTS];
+        counts_of(i, counts);
+        if (!counts[SITE_SAMPLES])
             continue;
         hak_site_t *s = &out[n++];
         s->address = i == SITE_OVERFLOW ? NULL : (void *)addr;
-        s->allocs = atomic_load_explicit(&e->allocs, memory_order_relaxed);
-        s->bytes = atomic_load_explicit(&e->bytes, memory_order_relaxed);
-        s->samples = atomic_load_explicit(&e->samples, memory_order_relaxed);
-        int64_t live = atomic_load_explicit(&e->live_bytes, memory_order_relaxed);
-        s->live_bytes = live > 0 ? (uint64_t)live : 0;
+        s->allocs = counts[SITE_ALLOCS];
+        s->bytes = counts[SITE_BYTES];
+        s->samples = counts[SITE_SAMPLES];
+        s->live_bytes = (int64_t)counts[SITE_LIVE_BYTES] > 0 ? counts[SITE_LIVE_BYTES] : 0;
+        s->lifetimes = counts[SITE_FREES];
+        s->large_allocs = counts[SITE_LARGE_ALLOCS];
+        s->bigcache_hits = counts[SITE_BIGCACHE_HITS];
         s->min_size = atomic_load_explicit(&e->min_size, memory_order_relaxed);
         s->max_size = atomic_load_explicit(&e->max_size, memory_order_relaxed);
-        s->lifetimes = atomic_load_explicit(&e->frees, memory_order_relaxed);
         s->lifetime_median_ns = lifetime_median_ns(e, ns_per_tick);
-        s->large_allocs = atomic_load_explicit(&e->large_allocs, memory_order_relaxed);
-        s->bigcache_hits = atomic_load_explicit(&e->bigcache_hits, memory_order_relaxed);
         uint32_t rules = atomic_load_explicit(&e->rules, memory_order_relaxed);
         s->no_bigcache = (rules & RULE_NO_BIGCACHE) != 0;
         s->prewarm = (rules & RULE_PREWARM) != 0;

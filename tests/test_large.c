@@ -101,7 +101,8 @@ static void alloc_free_batch(int n, size_t size)
 
 /* A ring of 4 slots that overflows with blocks freed within the purge
  * delay grows, up to 16: all 7 of a batch stay cached, and the next batch
- * reuses every one. */
+ * reuses every one. The block freed last waits in the thread's front,
+ * before the ring. */
 static void test_ring_grows_while_warm(void)
 {
     hak_collect(true);
@@ -111,20 +112,21 @@ static void test_ring_grows_while_warm(void)
     uint64_t misses = stats().bigcache_misses;
     alloc_free_batch(7, 3 * MiB);
     CHECK(stats().bigcache_misses == misses);
-    alloc_free_batch(20, 3 * MiB); /* 7 hits, 13 new; 16 slots at most */
-    CHECK(cache_holds(16, 16 * 3 * MiB));
+    alloc_free_batch(20, 3 * MiB); /* 7 hits, 13 new; 16 slots at most, and the front */
+    CHECK(cache_holds(17, 17 * 3 * MiB));
     hak_collect(true);
     CHECK(stats().bigcache_bytes == 0);
 }
 
-/* Blocks older than the purge delay are evicted, the ring stays at 4. */
+/* Blocks older than the purge delay are evicted, the ring stays at 4 (the
+ * front holds the block freed last, and first passes on the one it held). */
 static void test_ring_evicts_cold(void)
 {
     hak_collect(true);
     alloc_free_batch(4, 3 * MiB);
     usleep(250 * 1000); /* past the 100 ms delay */
     alloc_free_batch(3, 8 * MiB); /* no 3 MiB block fits 8 MiB: 3 new ones */
-    CHECK(cache_holds(4, 3 * 8 * MiB + 3 * MiB)); /* three 3 MiB blocks evicted */
+    CHECK(cache_holds(5, 3 * 8 * MiB + 2 * 3 * MiB)); /* two 3 MiB blocks evicted */
     hak_collect(true);
     CHECK(stats().bigcache_bytes == 0);
 }
@@ -256,6 +258,99 @@ static void test_realloc_moves_under_threads(void)
     CHECK(blocks_lost == 0);
 }
 
+/* A thread's last freed block waits in its front, which the purger and
+ * hak_collect reach while the thread is alive but asleep. */
+static atomic_int worker_step;
+
+static void wait_step(int step)
+{
+    while (atomic_load(&worker_step) < step)
+        usleep(1000);
+}
+
+/* A small block gives the thread its heap, where the front lives. */
+static void take_heap(void)
+{
+    void *p = malloc(16);
+    __asm__ volatile("" : : "g"(p) : "memory"); /* kept: not folded away with the free */
+    free(p);
+}
+
+static void *free_then_sleep(void *arg)
+{
+    take_heap();
+    char *p = alloc_site_a(16 * MiB); /* main checks it: CHECK counts in main's thread only */
+    if (p) {
+        memset(p, 5, 16 * MiB);
+        __asm__ volatile("" : : "g"(p) : "memory"); /* not a dead store before free */
+        free(p);
+    }
+    *(char **)arg = p;
+    atomic_store(&worker_step, 1);
+    wait_step(2); /* asleep, not exited, until main is done */
+    return NULL;
+}
+
+static void test_front_of_sleeping_thread(void)
+{
+    hak_collect(true);
+    atomic_store(&worker_step, 0);
+    size_t start = rss_bytes();
+    char *block = NULL;
+    pthread_t t;
+    CHECK(pthread_create(&t, NULL, free_then_sleep, &block) == 0);
+    wait_step(1);
+    CHECK(block != NULL);
+    size_t freed = rss_bytes();
+    CHECK(freed > start + 12 * MiB); /* cached, still resident */
+    CHECK(stats().bigcache_bytes >= 16 * MiB);
+    usleep(600 * 1000); /* past the purge delay */
+    size_t purged = rss_bytes();
+    printf("rss: front of a sleeping thread %.1f MiB, after the delay %.1f MiB\n", freed / (double)MiB,
+           purged / (double)MiB);
+    CHECK(purged + 12 * MiB < freed);
+    CHECK(stats().bigcache_bytes >= 16 * MiB); /* purged, still cached */
+    char *again = alloc_site_a(16 * MiB); /* from the ring now: same site, another thread */
+    CHECK(again == block);
+    free(again);
+    hak_collect(true);
+    CHECK(stats().bigcache_bytes == 0);
+    atomic_store(&worker_step, 2);
+    pthread_join(t, NULL);
+}
+
+/* A thread that exits passes its front to the ring: the next allocation
+ * from the same site, in any thread, gets the block back. */
+static void *free_then_exit(void *arg)
+{
+    take_heap();
+    char *p = alloc_site_a(4 * MiB); /* main checks it */
+    if (p) {
+        memset(p, 6, 4 * MiB);
+        __asm__ volatile("" : : "g"(p) : "memory"); /* not a dead store before free */
+        free(p);
+    }
+    *(char **)arg = p;
+    return NULL;
+}
+
+static void test_front_passed_on_at_exit(void)
+{
+    hak_collect(true);
+    char *block = NULL;
+    pthread_t t;
+    CHECK(pthread_create(&t, NULL, free_then_exit, &block) == 0);
+    pthread_join(t, NULL);
+    CHECK(block != NULL);
+    uint64_t hits = stats().bigcache_hits;
+    char *again = alloc_site_a(4 * MiB);
+    CHECK(again == block);
+    CHECK(stats().bigcache_hits == hits + 1);
+    free(again);
+    hak_collect(true);
+    CHECK(stats().bigcache_bytes == 0);
+}
+
 int main(void)
 {
     check_expected_build();
@@ -267,5 +362,7 @@ int main(void)
     test_ring_grows_while_warm();
     test_ring_evicts_cold();
     test_purge_after_delay();
+    test_front_of_sleeping_thread();
+    test_front_passed_on_at_exit();
     return check_summary("test_large");
 }

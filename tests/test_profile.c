@@ -10,6 +10,8 @@
 
 #include <dlfcn.h>
 #include <malloc.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -34,6 +36,8 @@ SITE(site_kept)
 SITE(site_large)
 SITE(site_varied)
 SITE(site_touched)
+SITE(site_thread)
+SITE(site_thread_next)
 
 static hak_site_t sites[2048];
 static size_t site_count;
@@ -142,6 +146,61 @@ static void test_profile_on(void)
           kpi.latency_p95_ns <= kpi.latency_p99_ns);
     CHECK(kpi.rss_bytes > 0 && kpi.rss_peak_bytes >= kpi.rss_bytes);
     CHECK(kpi.page_faults_minor > 0);
+}
+
+/* A thread keeps the counts of the site it records last in its heap:
+ * hak_sites_get sees them while the thread sleeps, and they stay right
+ * once the thread records another site (they move into the table). */
+static atomic_int thread_step;
+
+static void wait_thread_step(int step)
+{
+    while (atomic_load(&thread_step) < step)
+        sleep_ms(1);
+}
+
+static void *large_blocks_then_wait(void *arg)
+{
+    (void)arg;
+    void *small = malloc(16); /* a heap, where the counts wait */
+    __asm__ volatile("" : "+r"(small));
+    free(small);
+    for (int i = 0; i < 5; i++) {
+        char *p = site_thread((size_t)4 << 20);
+        if (p)
+            p[0] = 1;
+        free(p);
+    }
+    atomic_store(&thread_step, 1);
+    wait_thread_step(2);
+    free(site_thread_next((size_t)4 << 20));
+    atomic_store(&thread_step, 3);
+    wait_thread_step(4);
+    return NULL;
+}
+
+static bool thread_site_counted(void)
+{
+    const hak_site_t *s = find_site("site_thread");
+    return s && s->allocs == 5 && s->large_allocs == 5 && s->bytes == (uint64_t)20 << 20 && s->lifetimes == 5 &&
+           s->live_bytes == 0 && s->bigcache_hits == 4;
+}
+
+static void test_thread_counts(void)
+{
+    pthread_t t;
+    CHECK(pthread_create(&t, NULL, large_blocks_then_wait, NULL) == 0);
+    wait_thread_step(1);
+    refresh();
+    CHECK(thread_site_counted());
+    atomic_store(&thread_step, 2);
+    wait_thread_step(3);
+    refresh();
+    CHECK(thread_site_counted());
+    const hak_site_t *next = find_site("site_thread_next");
+    CHECK(next && next->large_allocs == 1 && next->live_bytes == 0);
+    atomic_store(&thread_step, 4);
+    pthread_join(t, NULL);
 }
 
 /* Sampled blocks behave like others: realloc, calloc, aligned, double free
@@ -266,7 +325,7 @@ int main(int argc, char **argv)
 {
     const char *mode = argc > 1 ? argv[1] : "on";
     if (!strcmp(mode, "on"))
-        test_profile_on();
+        test_profile_on(), test_thread_counts();
     else if (!strcmp(mode, "sampled"))
         test_sampled_blocks(), test_sampled_blocks_reused(), test_sampled_tiny_slots();
     else if (!strcmp(mode, "off"))
