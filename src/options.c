@@ -65,7 +65,7 @@ static option_t options[] = {
      "Call sites BigCache keeps freed large blocks for (hashed into this many entries); 0 turns BigCache off.",
      &hak_config.bigcache_sites, 0, 256, {0}},
     {"HAKMEM_BIGCACHE_SLOTS", OPT_INT, "4",
-     "Freed large blocks BigCache keeps per call site at first; a site whose ring overflows with a block freed within the purge delay gets one more slot, up to 16; otherwise the oldest is unmapped when one more comes.",
+     "Freed large blocks BigCache keeps per call site at first; a site whose ring overflows with a block freed within the purge delay gets one more slot, up to 16; otherwise the oldest is unmapped when one more comes. In front of the rings each thread keeps the one block it freed last.",
      &hak_config.bigcache_slots, 1, 16, {0}},
     {"HAKMEM_BIGCACHE_MAX_BLOCK", OPT_SIZE, "64M",
      "Largest mapping BigCache keeps; bigger blocks are unmapped when freed.",
