@@ -607,9 +607,9 @@ static bool heap_refill(heap_t *heap, unsigned c)
     }
 }
 
-/* The tuner's clock ticks at samples, large calls and one refill in 64 or
- * so (the countdown's low bits: reading the time at every refill cost json
- * 15 ns per iteration). */
+/* The tuner's clock ticks at samples, timed large calls and one refill in
+ * 64 or so (the countdown's low bits: reading the time at every refill cost
+ * json 15 ns per iteration). */
 static inline void heap_tick_tuner(const heap_t *heap)
 {
     if (unlikely(hak_config.mode == MODE_EVOLVING) && !(heap->sample_left & 63))

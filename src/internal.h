@@ -491,7 +491,7 @@ typedef struct large_hdr {
     uint32_t site_index;   /* in the site table */
     uint32_t fresh;        /* its pages were new or purged when handed out */
     size_t size;           /* the size asked for */
-    uint64_t born;         /* hak_ticks() at allocation: lifetimes */
+    uint64_t born;         /* hak_ticks() at a timed allocation, else 0: lifetimes */
     char *map_base;        /* the whole mapping */
     size_t map_size;
     char *user;            /* the pointer handed out */
@@ -624,9 +624,9 @@ void sample_fork_child(void);
 /* site.c: the call-site table. Returns the site's index (or the shared
  * overflow bucket's). */
 unsigned site_record_alloc(uintptr_t site, size_t size, uint32_t weight, bool tracked);
-void site_record_free(unsigned index, size_t size, uint32_t weight, uint64_t lifetime_ticks);
+void site_record_free(unsigned index, size_t size, uint32_t weight, uint64_t born); /* born 0: no lifetime */
 void site_record_resize(unsigned index, size_t old_size, size_t new_size, uint32_t weight);
-void site_record_large(unsigned index, bool bigcache_hit);
+unsigned site_record_large(uintptr_t site, size_t size, bool bigcache_hit, uint32_t *rules);
 void site_record_touched(unsigned index, size_t resident, size_t size);
 uint32_t site_rules_of(unsigned index);
 bool site_wants_touch(unsigned index);
@@ -634,10 +634,11 @@ unsigned site_index_of(uintptr_t site);
 
 /* kpi.c */
 void kpi_init(void);
+#define KPI_LARGE_TIMING 8 /* a power of two */
 void kpi_record_latency(uint64_t ticks, uint64_t weight);
 double kpi_ns_per_tick(void);
 void kpi_window_counters(uint64_t *latency_ticks, uint64_t *allocations);
-void kpi_count_large_call(void);
+bool kpi_large_call(void); /* counts it; true for the one in KPI_LARGE_TIMING that is timed */
 unsigned kpi_bucket_of(uint64_t ticks); /* log-scale histogram bucket: latencies, lifetimes */
 double kpi_hist_percentile(const uint64_t *hist, unsigned buckets, double q);
 

@@ -27,8 +27,9 @@ static void guard_set(large_hdr_t *h, bool on)
 }
 
 /* A block handed out: charged to its site (every large call is recorded;
- * weight > 1 marks a sampled slab-sized allocation served here), timed,
- * given the site's rules, and pre-warmed if its pages are not resident. */
+ * weight > 1 marks a sampled slab-sized allocation served here), given the
+ * site's rules, and pre-warmed if its pages are not resident. start: the
+ * clock when the call began if it is timed (large_call_start), else 0. */
 static void *large_born(large_hdr_t *h, size_t size, uintptr_t site, uint32_t weight, bool fresh, bool cache_hit,
                         uint64_t start)
 {
@@ -37,21 +38,32 @@ static void *large_born(large_hdr_t *h, size_t size, uintptr_t site, uint32_t we
     h->fresh = fresh;
     h->site_rules = 0;
     if (hak_config.profile) {
-        h->site_index = site_record_alloc(site, size, weight, true);
-        h->site_rules = site_rules_of(h->site_index);
-        if (weight == 1) {
-            site_record_large(h->site_index, cache_hit);
-            kpi_count_large_call();
+        if (weight == 1)
+            h->site_index = site_record_large(site, size, cache_hit, &h->site_rules);
+        else {
+            h->site_index = site_record_alloc(site, size, weight, true);
+            h->site_rules = site_rules_of(h->site_index);
         }
     }
     if (fresh && (hak_config.prewarm || (h->site_rules & RULE_PREWARM)))
         os_prefault(h->user, h->usable);
-    h->born = hak_ticks();
-    if (hak_config.profile && weight == 1) {
-        kpi_record_latency(h->born - start, 1);
+    h->born = start ? hak_ticks() : 0;
+    if (start && weight == 1) {
+        kpi_record_latency(h->born - start, KPI_LARGE_TIMING);
         learn_tick();
     }
     return h->user;
+}
+
+/* The clock at the start of a call that is timed, for its latency and its
+ * block's lifetime, else 0: a sampled slab-sized allocation (weight > 1)
+ * always is (sample_take timed it; its lifetime is the sample's), a large
+ * call when kpi_large_call says. */
+static uint64_t large_call_start(uint32_t weight)
+{
+    if (!hak_config.profile || (weight == 1 && !kpi_large_call()))
+        return 0;
+    return hak_ticks();
 }
 
 /* A block BigCache kept for site, aligned to align (0 for none), or NULL.
@@ -80,7 +92,7 @@ void *large_alloc(size_t size, size_t align, uintptr_t site, uint32_t weight)
 {
     hak_ensure_init();
     purger_poll();
-    uint64_t start = hak_ticks();
+    uint64_t start = large_call_start(weight);
     size_t stale;
     void *p = large_reuse(size, align, site, weight, &stale, start);
     return p ? p : large_map(size, align, site, weight, start);
@@ -91,7 +103,7 @@ void *large_alloc(size_t size, size_t align, uintptr_t site, uint32_t weight)
 void *large_alloc_zeroed(size_t size, uintptr_t site)
 {
     purger_poll();
-    uint64_t start = hak_ticks();
+    uint64_t start = large_call_start(1);
     size_t stale;
     void *p = large_reuse(size, 0, site, 1, &stale, start);
     if (!p)
@@ -187,7 +199,7 @@ static void large_died(large_hdr_t *h)
 {
     if (!hak_config.profile)
         return;
-    site_record_free(h->site_index, h->size, h->weight, hak_ticks() - h->born);
+    site_record_free(h->site_index, h->size, h->weight, h->born);
     if (h->fresh && h->weight == 1 && site_wants_touch(h->site_index)) {
         size_t page = os_page_size();
         char *first = (char *)(((uintptr_t)h->user + page - 1) & ~(uintptr_t)(page - 1));

@@ -197,7 +197,7 @@ static void window_close(uint64_t now)
     window_open(now);
 }
 
-/* Called at samples, slab refills and large-block calls: closes the
+/* Called at samples, slab refills and timed large calls: closes the
  * window when due. */
 void learn_tick(void)
 {

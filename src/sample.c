@@ -176,7 +176,7 @@ void sample_free(void *p, const char *op)
         hak_report_bad_pointer(op, p, fault);
         return;
     }
-    site_record_free(was.site, was.size, was.weight, hak_ticks() - was.born);
+    site_record_free(was.site, was.size, was.weight, was.born);
 }
 
 /* The usable size a slab block of the same request would have. */

@@ -110,25 +110,31 @@ static uint64_t count_seen(const heap_profile_t *p, unsigned i, enum site_count 
            (p ? atomic_load_explicit(&p->site_counts[c], memory_order_relaxed) : 0);
 }
 
-/* The entry of site: the thread's counts know it when they are its. */
-static unsigned index_of(uintptr_t site)
-{
-    heap_profile_t *p = &heap_get()->profile; /* hak_empty_heap's stays 0 */
-    if (site && atomic_load_explicit(&p->site, memory_order_relaxed) == site)
-        return atomic_load_explicit(&p->index, memory_order_relaxed);
-    return site_index_of(site);
-}
-
 /* The calling thread's counts for entry i, whose site is known. */
 static heap_profile_t *profile_of_entry(unsigned i)
 {
+    heap_t *heap = heap_get();
+    if (heap != &hak_empty_heap && atomic_load_explicit(&heap->profile.index, memory_order_relaxed) == i)
+        return &heap->profile;
     return profile_of(i, atomic_load_explicit(&sites[i].addr, memory_order_relaxed));
 }
 
-unsigned site_record_alloc(uintptr_t site, size_t size, uint32_t weight, bool tracked)
+/* The calling thread's counts made those of site's entry, and the entry
+ * in *index: one lookup of the heap when the thread recorded site last.
+ * hak_empty_heap's site stays 0, so a match is a real heap's. */
+static heap_profile_t *profile_of_site(uintptr_t site, unsigned *index)
 {
-    unsigned i = index_of(site);
-    heap_profile_t *p = profile_of(i, site);
+    heap_profile_t *p = &heap_get()->profile;
+    if (site && atomic_load_explicit(&p->site, memory_order_relaxed) == site) {
+        *index = atomic_load_explicit(&p->index, memory_order_relaxed);
+        return p;
+    }
+    *index = site_index_of(site);
+    return profile_of(*index, site);
+}
+
+static void record_alloc(heap_profile_t *p, unsigned i, size_t size, uint32_t weight, bool tracked)
+{
     count(p, i, SITE_ALLOCS, weight);
     count(p, i, SITE_BYTES, (uint64_t)size * weight);
     count(p, i, SITE_SAMPLES, 1);
@@ -136,15 +142,24 @@ unsigned site_record_alloc(uintptr_t site, size_t size, uint32_t weight, bool tr
         count(p, i, SITE_LIVE_BYTES, (uint64_t)size * weight);
     atomic_min_size(&sites[i].min_size, size);
     atomic_max_size(&sites[i].max_size, size);
+}
+
+unsigned site_record_alloc(uintptr_t site, size_t size, uint32_t weight, bool tracked)
+{
+    unsigned i;
+    heap_profile_t *p = profile_of_site(site, &i);
+    record_alloc(p, i, size, weight, tracked);
     return i;
 }
 
-void site_record_free(unsigned index, size_t size, uint32_t weight, uint64_t lifetime_ticks)
+void site_record_free(unsigned index, size_t size, uint32_t weight, uint64_t born)
 {
     heap_profile_t *p = profile_of_entry(index);
     count(p, index, SITE_LIVE_BYTES, -(uint64_t)size * weight);
     count(p, index, SITE_FREES, 1);
-    unsigned b = kpi_bucket_of(lifetime_ticks);
+    if (!born)
+        return;
+    unsigned b = kpi_bucket_of(hak_ticks() - born);
     ADD_UNLOCKED(&sites[index].lifetime_hist[b < LIFETIME_BUCKETS ? b : LIFETIME_BUCKETS - 1], 1);
 }
 
@@ -167,24 +182,28 @@ static void rule_set(site_entry_t *e, enum site_rule rule, uint64_t evidence)
     }
 }
 
-/* A large allocation. A site whose blocks BigCache never serves gets no
- * cache: its freed blocks would only hold memory and push out other
- * sites' blocks. */
-void site_record_large(unsigned index, bool bigcache_hit)
+/* A large allocation, recorded as site_record_alloc does, with its
+ * BigCache outcome; returns the entry, and the site's rules in *rules. A
+ * site whose blocks BigCache never serves gets no cache: its freed blocks
+ * would only hold memory and push out other sites' blocks. */
+unsigned site_record_large(uintptr_t site, size_t size, bool bigcache_hit, uint32_t *rules)
 {
-    heap_profile_t *p = profile_of_entry(index);
-    count(p, index, SITE_LARGE_ALLOCS, 1);
+    unsigned i;
+    heap_profile_t *p = profile_of_site(site, &i);
+    record_alloc(p, i, size, 1, true);
+    count(p, i, SITE_LARGE_ALLOCS, 1);
     if (bigcache_hit)
-        count(p, index, SITE_BIGCACHE_HITS, 1);
-    if (!hak_config.site_rules || index == SITE_OVERFLOW)
-        return;
+        count(p, i, SITE_BIGCACHE_HITS, 1);
+    *rules = site_rules_of(i);
+    if (!hak_config.site_rules || i == SITE_OVERFLOW || (*rules & RULE_NO_BIGCACHE))
+        return i;
     /* Other threads' counts may lag, so the trial's end is passed, not met
      * exactly, in this thread's view. Hits only grow: none after the trial
      * means none during it. */
-    uint64_t n = count_seen(p, index, SITE_LARGE_ALLOCS);
-    if (n >= RULE_BIGCACHE_TRIAL && count_seen(p, index, SITE_BIGCACHE_HITS) == 0 &&
-        !(site_rules_of(index) & RULE_NO_BIGCACHE))
-        rule_set(&sites[index], RULE_NO_BIGCACHE, n);
+    uint64_t n = count_seen(p, i, SITE_LARGE_ALLOCS);
+    if (n >= RULE_BIGCACHE_TRIAL && count_seen(p, i, SITE_BIGCACHE_HITS) == 0)
+        rule_set(&sites[i], RULE_NO_BIGCACHE, n);
+    return i;
 }
 
 /* Whether the site still wants its new blocks measured at free. */

@@ -38,6 +38,7 @@ SITE(site_varied)
 SITE(site_touched)
 SITE(site_thread)
 SITE(site_thread_next)
+SITE(site_timed)
 
 static hak_site_t sites[2048];
 static size_t site_count;
@@ -203,6 +204,38 @@ static void test_thread_counts(void)
     pthread_join(t, NULL);
 }
 
+/* A thread times one large call in 8, each standing for 8 in the latency
+ * KPIs, and records the lifetimes of those blocks; every call and every
+ * free is still counted. (The heap may be one an exited thread left, with
+ * its count of calls: any 16 calls in a row hold two timed ones.) */
+static uint64_t timed_samples;
+
+static void *large_calls_timed(void *arg)
+{
+    (void)arg;
+    void *small = malloc(16); /* a heap, where the thread counts its large calls */
+    __asm__ volatile("" : "+r"(small));
+    free(small);
+    hak_kpi_t before, after;
+    hak_get_kpi(&before);
+    for (int i = 0; i < 16; i++)
+        free(site_timed((size_t)4 << 20));
+    hak_get_kpi(&after);
+    timed_samples = after.latency_samples - before.latency_samples;
+    return NULL;
+}
+
+static void test_large_calls_timed(void)
+{
+    pthread_t t;
+    CHECK(pthread_create(&t, NULL, large_calls_timed, NULL) == 0);
+    pthread_join(t, NULL);
+    CHECK(timed_samples == 2);
+    refresh();
+    const hak_site_t *s = find_site("site_timed");
+    CHECK(s && s->large_allocs == 16 && s->lifetimes == 16 && s->lifetime_median_ns > 0);
+}
+
 /* Sampled blocks behave like others: realloc, calloc, aligned, double free
  * detection is left to test_bad_input. Many allocations, so that many are
  * samples (HAKMEM_PROFILE_SAMPLE=16 in this run). */
@@ -325,7 +358,7 @@ int main(int argc, char **argv)
 {
     const char *mode = argc > 1 ? argv[1] : "on";
     if (!strcmp(mode, "on"))
-        test_profile_on(), test_thread_counts();
+        test_profile_on(), test_thread_counts(), test_large_calls_timed();
     else if (!strcmp(mode, "sampled"))
         test_sampled_blocks(), test_sampled_blocks_reused(), test_sampled_tiny_slots();
     else if (!strcmp(mode, "off"))
