@@ -72,10 +72,11 @@ void kpi_record_latency(uint64_t ticks, uint64_t weight)
     total_add(KPI_LATENCY_TICKS, ticks * weight);
 }
 
-/* Large calls are timed one in KPI_LARGE_TIMING per thread, the first
- * included, and each timed one stands for as many: three clock reads per
- * malloc/free pair (the call's start and end, and the free for the
- * lifetime) were 30 ns of vm's 2.3 us iteration. */
+/* Large calls are timed one in KPI_LARGE_TIMING per thread (threads
+ * without a heap share one count), the first included, and each timed one
+ * stands for as many: three clock reads per malloc/free pair (the call's
+ * start and end, and the free for the lifetime) were 30 ns of vm's 2.3 us
+ * iteration. */
 bool kpi_large_call(void)
 {
     heap_t *heap = heap_get();
