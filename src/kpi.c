@@ -15,8 +15,9 @@
 
 static _Atomic uint64_t latency_hist[LATENCY_BUCKETS];
 /* enum kpi_total: samples timed; the sum of ticks x weight, the estimated
- * time of all allocations; large-tier allocations (each one timed). These
- * are the totals of threads without a heap, the others' are in their heaps. */
+ * time of all allocations; large-tier allocations (all counted, one in
+ * KPI_LARGE_TIMING timed). These are the totals of threads without a heap,
+ * the others' are in their heaps. */
 static _Atomic uint64_t heapless_totals[KPI_TOTALS];
 
 /* Tick rate: from two readings of ticks and nanoseconds far enough apart. */
@@ -46,14 +47,17 @@ static double bucket_value(unsigned i)
     return low + (double)((uint64_t)1 << (b - 2)) / 2;
 }
 
-/* Add n to a total: the calling thread's, or the heapless one. */
-static void total_add(enum kpi_total t, uint64_t n)
+/* Add n to a total: the calling thread's, or the heapless one. Returns
+ * the total before. */
+static uint64_t total_add(enum kpi_total t, uint64_t n)
 {
     heap_t *heap = heap_get();
     if (heap == &hak_empty_heap)
-        atomic_fetch_add_explicit(&heapless_totals[t], n, memory_order_relaxed);
-    else
-        ADD_UNLOCKED(&heap->profile.kpi_totals[t], n);
+        return atomic_fetch_add_explicit(&heapless_totals[t], n, memory_order_relaxed);
+    _Atomic uint64_t *total = &heap->profile.kpi_totals[t];
+    uint64_t before = atomic_load_explicit(total, memory_order_relaxed);
+    atomic_store_explicit(total, before + n, memory_order_relaxed); /* no lock prefix: only this thread writes it */
+    return before;
 }
 
 /* A total over all threads, a moment old. */
@@ -77,19 +81,7 @@ void kpi_record_latency(uint64_t ticks, uint64_t weight)
  * stands for as many: three clock reads per malloc/free pair (the call's
  * start and end, and the free for the lifetime) were 30 ns of vm's 2.3 us
  * iteration. */
-bool kpi_large_call(void)
-{
-    heap_t *heap = heap_get();
-    uint64_t before;
-    if (heap == &hak_empty_heap)
-        before = atomic_fetch_add_explicit(&heapless_totals[KPI_LARGE_CALLS], 1, memory_order_relaxed);
-    else {
-        _Atomic uint64_t *calls = &heap->profile.kpi_totals[KPI_LARGE_CALLS];
-        before = atomic_load_explicit(calls, memory_order_relaxed);
-        atomic_store_explicit(calls, before + 1, memory_order_relaxed);
-    }
-    return before % KPI_LARGE_TIMING == 0;
-}
+bool kpi_large_call(void) { return total_add(KPI_LARGE_CALLS, 1) % KPI_LARGE_TIMING == 0; }
 
 /* Totals so far: the estimated ticks spent allocating, and the exact
  * number of allocations (slab-sized and large). */
