@@ -10,8 +10,9 @@ boundaries, as SuperSlabs are), sizes optionally rounded to hakmem's
 classes (8 per doubling above 1 KiB).
 Resident = pages ever written (the benchmark writes one byte per page of
 each block), less free pages purged once they stayed free for PURGE
-allocations. It says what a placement could reach before one is built
-(docs/benchmarks.md, sessions 12 and 13).
+allocations; each write to a page not resident is a page fault, the cost
+a purge setting pays for its footprint. It says what a placement could
+reach before one is built (docs/benchmarks.md, sessions 12, 13 and 18).
 
 Usage: scripts/footprint_sim.py [OPERATIONS] [PURGE...]
 """
@@ -100,11 +101,16 @@ class BestFit:
 
 
 def run(policy, operations, purge=None):
-    written, live, freed, rss = set(), {}, [], []
+    """RSS at each sample (MiB) and the page faults of the whole run."""
+    written, live, freed, rss, faults = set(), {}, [], [], 0
+    taken = {}  # page -> the last allocation that covered it
     for i, size in enumerate(sizes(operations)):
         start, length = policy.take(size)
-        written.update((start + j) // PAGE for j in range(0, size, PAGE))
-        written.add((start + size - 1) // PAGE)
+        for page in range(start // PAGE, -(-(start + length) // PAGE)):
+            taken[page] = i
+        pages = {(start + j) // PAGE for j in range(0, size, PAGE)} | {(start + size - 1) // PAGE}
+        faults += len(pages - written)
+        written |= pages
         live[i] = (start, length)
         if i >= LIVE + IN_FLIGHT:
             start, length = live.pop(i - LIVE - IN_FLIGHT)
@@ -112,13 +118,13 @@ def run(policy, operations, purge=None):
             if purge is not None:
                 heapq.heappush(freed, (i, start, length))
         while purge is not None and freed and freed[0][0] <= i - purge:
-            _, start, length = heapq.heappop(freed)
+            freed_at, start, length = heapq.heappop(freed)
             for page in range(-(-start // PAGE), (start + length) // PAGE):
-                if page in written and policy.is_free(page * PAGE):
-                    written.discard(page)
+                if page in written and taken[page] < freed_at and policy.is_free(page * PAGE):
+                    written.discard(page)  # free since freed_at: no block took it again
         if (i + 1) % (operations // SAMPLES) == 0:
             rss.append(len(written) * PAGE / 2**20)
-    return rss
+    return rss, faults
 
 
 def main():
@@ -135,10 +141,11 @@ def main():
     }
     for purge in purges:
         for name, make in policies.items():
-            rss = run(make(), operations, purge)
+            rss, faults = run(make(), operations, purge)
             after = "never" if purge is None else f"after {purge} allocations"
             print(f"{name}, purged {after}: warm {rss[SAMPLES // 4 - 1]:.1f} MiB, "
-                  f"end {rss[-1]:.1f}, peak {max(rss):.1f}", flush=True)
+                  f"end {rss[-1]:.1f}, peak {max(rss):.1f}, "
+                  f"{faults / operations:.2f} faults per block", flush=True)
 
 
 if __name__ == "__main__":
