@@ -15,11 +15,45 @@ static void *fail_enomem(void)
     return NULL;
 }
 
+/* A block of mid class c, inside the owner's mark (heap_mid_enter): the
+ * purger flushes the mid caches under a claim. Everything but a pop from
+ * the cache takes the call, so that the pop needs no stack frame. */
+static HAK_NOINLINE void *hak_alloc_mid_slow(unsigned c, size_t size, uintptr_t site)
+{
+    heap_t *heap = heap_get();
+    if (unlikely(heap == &hak_empty_heap) && !(heap = heap_thread_init()))
+        return NULL;
+    while (unlikely(!heap_mid_enter(heap)))
+        heap_mid_wait(heap);
+    void *b = hak_alloc_from(heap, c, size, site);
+    heap_mid_leave(heap);
+    return b;
+}
+
+static inline void *hak_alloc_mid(unsigned c, size_t size, uintptr_t site)
+{
+    heap_t *heap = heap_get();
+    if (likely(heap_mid_enter(heap))) { /* hak_empty_heap: a NULL cache */
+        void *b = heap->cache[c];
+        if (likely(b != NULL && heap->sample_left > 1)) {
+            heap->cache[c] = cache_next(heap, b);
+            block_handed_out(b);
+            heap->sample_left--;
+            heap_mid_leave(heap);
+            return b;
+        }
+        heap_mid_leave(heap);
+    }
+    return hak_alloc_mid_slow(c, size, site);
+}
+
 void *hak_alloc_slow_size(size_t size, uintptr_t site)
 {
     hak_ensure_init(); /* the threshold is an option */
-    if (size_in_slabs(size))
-        return hak_alloc_class(mid_class_of(size), size, site);
+    if (size_in_slabs(size)) {
+        unsigned c = mid_class_of(size);
+        return class_caches_frees(c) ? hak_alloc_mid(c, size, site) : hak_alloc_class(c, size, site);
+    }
     if (unlikely(size > PTRDIFF_MAX))
         return fail_enomem();
     return large_alloc(size, 0, site, 1);
@@ -109,7 +143,26 @@ static void *slab_block_checked(slab_t *s, void *p, const char *op)
     return block;
 }
 
-void hak_free_irregular(slab_t *s, void *p, const char *op)
+/* The owner frees p into the current slab of a mid class (the
+ * SLAB_CACHES_FREES flag): p goes to the cache, to be the next block
+ * handed out while its lines are in L1 (on the slab's list it came back
+ * only at the next refill: bench mid 1.2 times as fast). The slab no longer
+ * empties while the thread runs; the purger flushes the caches under a
+ * claim, changing the slab's fields, so the checks run inside the owner's
+ * mark (heap_mid_enter). False if p is not a live block's start. */
+static inline bool heap_cache_push(heap_t *heap, slab_t *s, void *p)
+{
+    uint64_t offset_times_recip = (uint64_t)((char *)p - s->start) * s->recip;
+    if (unlikely((offset_times_recip & RECIP_REMAINDER_BITS) || (char *)p >= s->carved_end || !s->used ||
+                 block_is_free(p)))
+        return false;
+    void **slot = &heap->cache[s->class_idx];
+    block_link(p, *slot);
+    *slot = p;
+    return true;
+}
+
+static HAK_NOINLINE void hak_free_irregular_slow(slab_t *s, void *p, const char *op)
 {
     prefetch_for_write(p);
     void *block = slab_block_checked(s, p, op);
@@ -126,11 +179,22 @@ void hak_free_irregular(slab_t *s, void *p, const char *op)
         hak_remote_free(s, block);
         return;
     }
+    HAK_COUNT(heap, free_local_slow);
+    if (owner & SLAB_CACHES_FREES) { /* while a claim was on, or an aligned block's interior pointer */
+        while (unlikely(!heap_mid_enter(heap)))
+            heap_mid_wait(heap);
+        bool pushed = heap_cache_push(heap, s, block);
+        heap_mid_leave(heap);
+        if (!pushed)
+            hak_report_bad_pointer(op, p, "double free");
+        else if (!atomic_load_explicit(&heap->mid_cached, memory_order_relaxed))
+            heap_mid_cached(heap);
+        return;
+    }
     if (unlikely(s->used == 0)) {
         hak_report_bad_pointer(op, p, "double free");
         return;
     }
-    HAK_COUNT(heap, free_local_slow);
     if (s->used == 1) {
         heap_free_last_block(s, block);
         return;
@@ -138,6 +202,23 @@ void hak_free_irregular(slab_t *s, void *p, const char *op)
     block_link(block, s->free);
     s->free = block;
     s->used--;
+}
+
+void hak_free_irregular(slab_t *s, void *p, const char *op)
+{
+    heap_t *heap = heap_get();
+    if (atomic_load_explicit(&s->owner, memory_order_relaxed) == ((uintptr_t)heap | SLAB_CACHES_FREES) &&
+        likely(heap_mid_enter(heap))) {
+        bool pushed = heap_cache_push(heap, s, p);
+        heap_mid_leave(heap);
+        if (likely(pushed)) {
+            HAK_COUNT(heap, free_cached);
+            if (unlikely(!atomic_load_explicit(&heap->mid_cached, memory_order_relaxed)))
+                heap_mid_cached(heap);
+            return;
+        }
+    }
+    hak_free_irregular_slow(s, p, op);
 }
 
 /* ---- usable size and realloc ------------------------------------------------- */
@@ -206,7 +287,7 @@ void *hak_alloc_aligned(size_t align, size_t size, uintptr_t site)
     if (align <= SLAB_PAGE_SIZE && size_in_slabs(natural)) {
         unsigned c = class_of(natural);
         if (hak_class_size[c] % align == 0)
-            return hak_alloc_class(c, size, site);
+            return class_caches_frees(c) ? hak_alloc_mid(c, size, site) : hak_alloc_class(c, size, site);
         size_t padded = size + align - 16;
         if (size_in_slabs(padded)) {
             char *b = hak_alloc(padded, 0); /* not tracked: the block would be freed from inside */

@@ -28,12 +28,11 @@ static inline void *cache_next(heap_t *heap, const void *b)
     return next;
 }
 
-/* Pop a block of class c from the calling thread's cache; one allocation
+/* Pop a block of class c from heap's cache (the calling thread's); one allocation
  * in HAKMEM_PROFILE_SAMPLE is a sample (sample.c). size and site are what
  * the program asked for and where from (site 0: never tracked). */
-static inline void *hak_alloc_class(unsigned c, size_t size, uintptr_t site)
+static inline void *hak_alloc_from(heap_t *heap, unsigned c, size_t size, uintptr_t site)
 {
-    heap_t *heap = heap_get();
     void *b = heap->cache[c];
     if (likely(b != NULL)) {
         heap->cache[c] = cache_next(heap, b);
@@ -43,6 +42,11 @@ static inline void *hak_alloc_class(unsigned c, size_t size, uintptr_t site)
         return sample_fast_hit(heap, c, b, size, site);
     }
     return heap_alloc_slow(heap, c, size, site);
+}
+
+static inline void *hak_alloc_class(unsigned c, size_t size, uintptr_t site)
+{
+    return hak_alloc_from(heap_get(), c, size, site);
 }
 
 /* The caller of the exported entry point: the call site, which profiling

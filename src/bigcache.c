@@ -22,19 +22,17 @@
  * that sleeps. It claims the front Dekker-style, with the whole barrier on
  * its side: the owner marks itself busy and reads the claim with only a
  * compiler barrier between; the claimer sets the claim, runs
- * membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED), which executes a full
- * barrier on every CPU that runs one of our threads, and then reads busy.
+ * os_membarrier (membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED)), which
+ * executes a full barrier on every CPU that runs one of our threads, and
+ * then reads busy.
  * Either the claimer sees the owner busy and backs off, or the owner sees
  * the claim and uses the rings. Where membarrier is refused (old kernels,
  * seccomp filters) there is no front. */
 #define _GNU_SOURCE
 #include "internal.h"
 
-#include <linux/membarrier.h>
 #include <pthread.h>
 #include <string.h>
-#include <sys/syscall.h>
-#include <unistd.h>
 
 #define BIGCACHE_MAX_SITES 256 /* bounds of the options */
 #define BIGCACHE_MAX_SLOTS 16
@@ -50,19 +48,12 @@ typedef struct bigcache_site {
 static bigcache_site_t sites[BIGCACHE_MAX_SITES];
 static _Atomic size_t cached_bytes; /* mapped bytes held in the rings */
 static _Atomic uint64_t ring_hits, ring_misses;
-static bool fronts_on; /* registered for membarrier: the fronts can be claimed */
 static pthread_mutex_t claim_lock = PTHREAD_MUTEX_INITIALIZER; /* one claimer at a time */
-
-static bool membarrier_register(void)
-{
-    return syscall(SYS_membarrier, MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED, 0, 0) == 0;
-}
 
 void bigcache_init(void)
 {
     for (unsigned i = 0; i < BIGCACHE_MAX_SITES; i++)
         pthread_mutex_init(&sites[i].lock, NULL);
-    fronts_on = membarrier_register();
 }
 
 static unsigned site_count(void) { return (unsigned)hak_config.bigcache_sites; }
@@ -109,7 +100,7 @@ static bool block_fits(const large_hdr_t *h, size_t size, uintptr_t misaligned)
 static bigcache_front_t *front_enter(void)
 {
     heap_t *heap = heap_get();
-    if (!fronts_on || heap == &hak_empty_heap)
+    if (!hak_claims_on || heap == &hak_empty_heap)
         return NULL;
     bigcache_front_t *f = &heap->bigcache_front;
     atomic_store_explicit(&f->busy, true, memory_order_relaxed);
@@ -268,7 +259,7 @@ void bigcache_thread_exit(void)
  * waits. */
 static uint64_t fronts_collect(bool all, uint64_t now)
 {
-    if (!fronts_on)
+    if (!hak_claims_on)
         return 0;
     uint64_t delay = (uint64_t)hak_config.purge_delay_ms, next_due = 0;
     bool claimed = false;
@@ -285,7 +276,7 @@ static uint64_t fronts_collect(bool all, uint64_t now)
         atomic_store_explicit(&f->claimed, true, memory_order_relaxed);
         claimed = true;
     }
-    if (claimed && syscall(SYS_membarrier, MEMBARRIER_CMD_PRIVATE_EXPEDITED, 0, 0) != 0)
+    if (claimed && !os_membarrier())
         claimed = false, next_due = now + 1; /* cannot happen once registered; never take a block unsure */
     for (heap_t *heap = heaps_all(); heap; heap = heap->next_all) {
         bigcache_front_t *f = &heap->bigcache_front;
@@ -377,6 +368,5 @@ void bigcache_fork_child(void)
     for (heap_t *heap = heaps_all(); heap; heap = heap->next_all)
         if (heap != heap_get())
             atomic_store_explicit(&heap->bigcache_front.busy, false, memory_order_relaxed);
-    fronts_on = fronts_on && membarrier_register();
     bigcache_fork_parent();
 }

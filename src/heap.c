@@ -4,6 +4,7 @@
 #include "internal.h"
 
 #include <pthread.h>
+#include <sched.h>
 #include <string.h>
 
 heap_t hak_empty_heap;
@@ -65,12 +66,20 @@ static void heap_enter_lists(heap_t *heap)
 {
     atomic_store_explicit(&heap->in_slow, 1, memory_order_relaxed);
     atomic_signal_fence(memory_order_seq_cst);
+    /* The flag is also the owner's mark against the purger's claim of the
+     * mid caches (heap_mid_enter): a list update may reach them. */
+    while (unlikely(atomic_load_explicit(&heap->mid_claimed, memory_order_acquire))) {
+        atomic_store_explicit(&heap->in_slow, 0, memory_order_release);
+        heap_mid_wait(heap);
+        atomic_store_explicit(&heap->in_slow, 1, memory_order_relaxed);
+        atomic_signal_fence(memory_order_seq_cst);
+    }
 }
 
 static void heap_leave_lists(heap_t *heap)
 {
     atomic_signal_fence(memory_order_seq_cst);
-    atomic_store_explicit(&heap->in_slow, 0, memory_order_relaxed);
+    atomic_store_explicit(&heap->in_slow, 0, memory_order_release);
     if (unlikely(atomic_load_explicit(&hak_purger_start_wanted, memory_order_relaxed)))
         purger_heap_settled();
 }
@@ -280,11 +289,38 @@ static void heap_return_cache(heap_t *heap, unsigned c)
     s->used -= n;
 }
 
+/* The flag of a current slab whose owner's frees go to the cache; the
+ * purger's claim of those caches needs membarrier. */
+static bool slab_caches_frees(unsigned c) { return class_caches_frees(c) && hak_claims_on; }
+
+/* Only the owner changes the flags; other threads just read the word. */
+static void slab_set_flag(slab_t *s, uintptr_t flag, bool on)
+{
+    uintptr_t owner = atomic_load_explicit(&s->owner, memory_order_relaxed);
+    atomic_store_explicit(&s->owner, on ? owner | flag : owner & ~flag, memory_order_relaxed);
+}
+
+/* s becomes class c's current slab (NULL: none); the flag that sends its
+ * owner's frees to the cache moves with it. Cleared whatever the claims
+ * are now: a fork child where membarrier is refused may take over slabs
+ * flagged in the parent. */
+static void heap_set_cur(heap_t *heap, unsigned c, slab_t *s)
+{
+    slab_t *old = heap->cur[c];
+    if (old == s)
+        return;
+    if (old && class_caches_frees(c))
+        slab_set_flag(old, SLAB_CACHES_FREES, false);
+    if (s && slab_caches_frees(c))
+        slab_set_flag(s, SLAB_CACHES_FREES, true);
+    heap->cur[c] = s;
+}
+
 static void heap_unlink_slab(heap_t *heap, slab_t *s)
 {
     unsigned c = s->class_idx;
     if (heap->cur[c] == s)
-        heap->cur[c] = NULL;
+        heap_set_cur(heap, c, NULL);
     else
         list_remove(&heap->owned[c], s);
 }
@@ -576,7 +612,8 @@ static bool heap_refill(heap_t *heap, unsigned c)
             if (other) {
                 HAK_COUNT(heap, refill_switch);
                 list_push_back(&heap->owned[c], s);
-                heap->cur[c] = s = other;
+                heap_set_cur(heap, c, other);
+                s = other;
             }
         }
         if (s) {
@@ -586,7 +623,7 @@ static bool heap_refill(heap_t *heap, unsigned c)
                 return true;
             }
             list_push_back(&heap->owned[c], s); /* exhausted: looked at last */
-            heap->cur[c] = NULL;
+            heap_set_cur(heap, c, NULL);
         }
         if (heap_take_hint(heap, c))
             heap_drain_class(heap, c);
@@ -602,7 +639,7 @@ static bool heap_refill(heap_t *heap, unsigned c)
             if (!s)
                 return false;
         }
-        heap->cur[c] = s;
+        heap_set_cur(heap, c, s);
         heap->slab_refills++;
     }
 }
@@ -692,7 +729,7 @@ static void heap_take_class(heap_t *heap, heap_t *from, unsigned c)
         heap_unkeep(from, from->cur[c]);
     heap_return_cache(from, c);
     slab_t *list = heap_detach_owned(from, c), *cur = from->cur[c];
-    from->cur[c] = NULL;
+    heap_set_cur(from, c, NULL);
     if (cur) {
         cur->next = list;
         list = cur;
@@ -748,6 +785,104 @@ void heap_collect(heap_t *heap, bool unmap_now)
     heap_release_spares(heap, heap);
     superslab_give_back_empty(heap, unmap_now);
     heap_leave_lists(heap);
+}
+
+/* ---- the mid caches, flushed by the purger ------------------------------------- */
+
+/* The owner waits while the purger flushes its mid caches (a few system
+ * calls at most). */
+void heap_mid_wait(heap_t *heap)
+{
+    while (atomic_load_explicit(&heap->mid_claimed, memory_order_acquire))
+        sched_yield();
+}
+
+/* The first free to a mid cache since the purger last flushed the heap's:
+ * the purger flushes them a purge delay later. */
+void heap_mid_cached(heap_t *heap)
+{
+    atomic_store_explicit(&heap->mid_cached, true, memory_order_relaxed);
+    purger_notify();
+}
+
+/* s, a current slab, is empty: its blocks are forgotten and their pages
+ * purged; the next refill carves them anew. Its pages stay the slab's:
+ * giving them back to the SuperSlab would change the owner's bins, which
+ * the owner's tiny refills use without the claim. */
+static void slab_forget_blocks(slab_t *s)
+{
+    size_t page = os_page_size(), touched = (slab_touched_bytes(s) + page - 1) & ~(page - 1);
+    s->free = NULL;
+    __atomic_store_n(&s->carved, 0, __ATOMIC_RELAXED); /* read by other threads' frees */
+    s->carved_end = s->start;
+    if (touched)
+        os_purge(s->start, touched);
+}
+
+/* Under the claim: the mid caches go back to their slabs, with what other
+ * threads freed into them; an emptied slab forgets its blocks, and the
+ * pages inside the free blocks of the others go back to the OS. */
+static void heap_flush_mid_caches(heap_t *heap)
+{
+    for (unsigned c = TINY_CLASSES; c < CLASS_COUNT; c++) {
+        slab_t *s = heap->cur[c];
+        if (!s || !slab_caches_frees(c) ||
+            (!heap->cache[c] && !atomic_load_explicit(&s->remote, memory_order_relaxed)))
+            continue;
+        heap_return_cache(heap, c);
+        slab_drain_remote(s);
+        if (s->used == 0)
+            slab_forget_blocks(s);
+        else
+            slab_purge_free_blocks(s);
+    }
+}
+
+/* The purger claims heap's mid caches: false if the owner is at them (or
+ * at its lists), and then it must look again soon. */
+static bool heap_claim_mid(heap_t *heap)
+{
+    atomic_store_explicit(&heap->mid_claimed, true, memory_order_relaxed);
+    if (os_membarrier() && !atomic_load_explicit(&heap->mid_busy, memory_order_acquire) &&
+        !atomic_load_explicit(&heap->in_slow, memory_order_acquire))
+        return true;
+    atomic_store_explicit(&heap->mid_claimed, false, memory_order_release);
+    return false;
+}
+
+/* A thread's mid caches hold its freed blocks and pin their slabs (up to
+ * one slab per class, about 8 MiB if every class of 1-64 KiB is in use):
+ * they are flushed a purge delay after the first free into them, whether
+ * the thread sleeps or runs (a running one refills from its slabs at
+ * once, ten times a second at most), every thread's at once with all.
+ * Under heaps_lock, so that heaps keep their state and fork waits.
+ * Returns when the next heap falls due, or 0 if none waits. */
+uint64_t heaps_flush_mid(bool all)
+{
+    if (!hak_claims_on)
+        return 0;
+    uint64_t now = os_now_ms(), delay = (uint64_t)hak_config.purge_delay_ms, due = 0;
+    pthread_mutex_lock(&heaps_lock);
+    for (heap_t *h = all_heaps; h; h = h->next_all) {
+        if (h->state != HEAP_LIVE || !atomic_load_explicit(&h->mid_cached, memory_order_relaxed))
+            continue;
+        if (!h->mid_cached_ms)
+            h->mid_cached_ms = now;
+        if (!all && now < h->mid_cached_ms + delay) {
+            due = due_earlier(due, h->mid_cached_ms + delay);
+            continue;
+        }
+        if (!heap_claim_mid(h)) {
+            due = due_earlier(due, now + 1);
+            continue;
+        }
+        heap_flush_mid_caches(h);
+        h->mid_cached_ms = 0;
+        atomic_store_explicit(&h->mid_cached, false, memory_order_relaxed);
+        atomic_store_explicit(&h->mid_claimed, false, memory_order_release);
+    }
+    pthread_mutex_unlock(&heaps_lock);
+    return due;
 }
 
 /* ---- heap lifetime ------------------------------------------------------------ */
@@ -1065,10 +1200,15 @@ void heaps_fork_child(void)
     for (heap_t *h = all_heaps; h; h = h->next_all) {
         if (h->state != HEAP_LIVE || h == hak_tl_heap)
             continue;
-        if (atomic_load_explicit(&h->in_slow, memory_order_relaxed))
+        if (atomic_load_explicit(&h->in_slow, memory_order_relaxed)) {
             h->state = HEAP_DEAD;
-        else
+        } else {
+            /* A mid malloc or free caught by the fork leaves the cache as
+             * a tiny one would (a block lost at worst); its mark would
+             * keep the child's purger off the heap for good. */
+            atomic_store_explicit(&h->mid_busy, false, memory_order_relaxed);
             heap_push_orphan_locked(h);
+        }
     }
     pthread_mutex_unlock(&heaps_lock);
     pthread_mutex_unlock(&orphans_drain_lock);

@@ -1,16 +1,18 @@
-/* The OS layer: the only file that maps, unmaps and purges memory or reads
- * /proc. Everything here is raw syscalls or libc wrappers that never call
- * malloc. */
+/* The OS layer: the only file that maps, unmaps and purges memory, reads
+ * /proc or runs membarrier. Everything here is raw syscalls or libc
+ * wrappers that never call malloc. */
 #define _GNU_SOURCE
 #include "internal.h"
 
 #include <errno.h>
 #include <fcntl.h>
+#include <linux/membarrier.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/random.h>
 #include <sys/auxv.h>
 #include <sys/resource.h>
+#include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -155,6 +157,20 @@ void os_protect(void *p, size_t size, bool accessible)
         hak_fatal("mprotect failed (too many mappings? see vm.max_map_count)");
     errno = saved;
 }
+
+/* The claims of a heap's caches (BigCache's front, the mid classes' frees)
+ * put the whole barrier on the claimer's side: membarrier runs a full
+ * barrier on every CPU that runs one of our threads. It needs the process
+ * registered (again in a fork child); where the kernel refuses (old
+ * kernels, seccomp filters), nothing is claimed and those caches are off. */
+bool hak_claims_on;
+
+void os_membarrier_init(void)
+{
+    hak_claims_on = syscall(SYS_membarrier, MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED, 0, 0) == 0;
+}
+
+bool os_membarrier(void) { return syscall(SYS_membarrier, MEMBARRIER_CMD_PRIVATE_EXPEDITED, 0, 0) == 0; }
 
 /* 64 random bits from getrandom; where it fails (no entropy yet, a seccomp
  * filter) the kernel's AT_RANDOM bytes mixed with the clock and a counter. */

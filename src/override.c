@@ -158,6 +158,7 @@ HAK_EXPORT void hak_collect(bool force)
      * that heap's blocks undrained). */
     heaps_collect_orphans();
     heap_collect(heap_get(), true);
+    heaps_flush_mid(force); /* the other threads' */
     superslab_purge(force);
     bigcache_collect(force);
     sample_collect();

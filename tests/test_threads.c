@@ -466,7 +466,9 @@ static void test_owns_while_collecting(void)
 /* ---- the last block of a mid slab ------------------------------------------------ */
 
 /* A mid block freed alone waits in the thread's cache for the next malloc
- * of its class (heap_free_last_block parks it). Each way out must leave
+ * of its class: up to 64 KiB as every free of the current slab does
+ * (hak_free_irregular), above as the slab's last block, parked
+ * (heap_free_last_block). Each way out must leave
  * the slab's accounts right (the debug build asserts them) and its memory
  * collectable: handed out again and freed by another thread while the
  * owner takes pages for another class, collected while cached, collected
@@ -562,11 +564,12 @@ static void test_parked_block(void)
 
 /* A block freed while its slab holds others goes on the slab's list, and
  * the next malloc of the class takes that list whole (heap_alloc_slow's
- * batch path): the same block again, each time, and the slab's accounts
- * exact afterwards, whichever thread frees the other block. */
+ * batch path: 96 KiB blocks, two to a slab), or to the cache (up to
+ * 64 KiB): the same block again, each time, and the slab's accounts exact
+ * afterwards, whichever thread frees the other block. */
 static void test_batch_refill(void)
 {
-    static const size_t sizes[] = {4096, 65536};
+    static const size_t sizes[] = {4096, 65536, 96 << 10};
     for (unsigned i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
         size_t size = sizes[i];
         hak_collect(true);
@@ -583,6 +586,97 @@ static void test_batch_refill(void)
         pthread_join(t, NULL);
         CHECK(mid_back_to(&before));
     }
+}
+
+/* A thread's frees of its current mid slab go to its cache, which the
+ * purger (or a collect from another thread) flushes under a claim: the
+ * owner keeps off while it does, and the flush keeps off while the owner
+ * is at them. Two threads churn mid blocks, checking each one's bytes
+ * before its free, while the main thread collects (and so claims their
+ * caches) again and again; then they free everything and wait, alive, and
+ * one more collect takes what their caches hold back to the slabs. */
+enum { CLAIM_WORKERS = 2, CLAIM_LIVE = 64, CLAIM_ROUNDS = 20000 };
+static _Atomic int claim_workers_churned, claim_collects_over, claim_workers_freed, claim_release;
+static _Atomic long claim_bad;
+static _Atomic double claim_freed_ms;
+
+static bool filled_with(const unsigned char *p, size_t size, unsigned char v)
+{
+    for (size_t i = 0; i < size; i++)
+        if (p[i] != v)
+            return false;
+    return true;
+}
+
+static void wait_for(_Atomic int *flag, int value)
+{
+    while (*flag < value)
+        usleep(1000);
+}
+
+static void *claim_worker(void *arg)
+{
+    unsigned r = (unsigned)(uintptr_t)arg;
+    unsigned char *live[CLAIM_LIVE] = {0};
+    size_t sizes[CLAIM_LIVE] = {0};
+    for (int i = 0; i < CLAIM_ROUNDS; i++) {
+        r = r * 1103515245u + 12345u;
+        unsigned slot = (r >> 8) % CLAIM_LIVE;
+        if (live[slot]) {
+            claim_bad += !filled_with(live[slot], sizes[slot], (unsigned char)slot) || !hak_owns(live[slot]);
+            free(live[slot]);
+        }
+        sizes[slot] = 1025 + (r >> 12) % 64512; /* 1 KiB .. 64 KiB: the classes whose frees are cached */
+        live[slot] = malloc(sizes[slot]);
+        if (live[slot])
+            memset(live[slot], (int)slot, sizes[slot]);
+        else
+            claim_bad++;
+    }
+    claim_workers_churned++;
+    wait_for(&claim_collects_over, 1);
+    for (int i = 0; i < CLAIM_LIVE; i++)
+        free(live[i]);
+    claim_freed_ms = now_ms();
+    claim_workers_freed++;
+    wait_for(&claim_release, 1); /* alive: its heap is not collected at its exit */
+    return NULL;
+}
+
+static void test_mid_caches_claimed(void)
+{
+    hak_collect(true);
+    hak_stats_t start;
+    hak_stats_get(&start);
+    pthread_t workers[CLAIM_WORKERS];
+    for (uintptr_t i = 0; i < CLAIM_WORKERS; i++)
+        pthread_create(&workers[i], NULL, claim_worker, (void *)(i + 1));
+    int collects = 0;
+    while (claim_workers_churned < CLAIM_WORKERS) {
+        hak_collect(true); /* claims every thread's mid caches */
+        collects++;
+    }
+    claim_collects_over = 1;
+    wait_for(&claim_workers_freed, CLAIM_WORKERS);
+    hak_stats_t freed;
+    hak_stats_get(&freed);
+    double waited_ms = now_ms() - claim_freed_ms;
+    hak_collect(true);
+    hak_stats_t after;
+    hak_stats_get(&after);
+    claim_release = 1;
+    for (int i = 0; i < CLAIM_WORKERS; i++)
+        pthread_join(workers[i], NULL);
+    printf("mid caches claimed: %d collects during the churn, %ld bad blocks; mid bytes in use "
+           "%zu at the start, %zu with the workers' blocks freed, %zu collected\n",
+           collects, (long)claim_bad, start.mid_bytes, freed.mid_bytes, after.mid_bytes);
+    CHECK(claim_bad == 0);
+    CHECK(collects > 1);
+    /* The workers' frees wait in their caches (unless the purger's delay
+     * passed meanwhile, on a loaded machine), and the collect takes them. */
+    if (waited_ms < 50)
+        CHECK(freed.mid_bytes > start.mid_bytes);
+    CHECK(after.mid_bytes == start.mid_bytes);
 }
 
 /* ---- fork --------------------------------------------------------------------- */
@@ -679,6 +773,7 @@ int main(int argc, char **argv)
     test_owns_while_collecting();
     test_parked_block();
     test_batch_refill();
+    test_mid_caches_claimed();
 #ifndef __SANITIZE_THREAD__ /* TSan does not support threads started in a forked child */
     test_fork();
 #endif
