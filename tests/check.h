@@ -9,6 +9,7 @@
 #include "hak_names.h"
 #endif
 
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <time.h>
@@ -43,6 +44,31 @@ static inline void check_expected_build(void)
         hak_stats_t s;
         hak_stats_get(&s);
         CHECK(s.hardened);
+    }
+}
+
+static inline uint64_t samples_taken(void)
+{
+    hak_kpi_t kpi;
+    hak_get_kpi(&kpi);
+    return kpi.latency_samples;
+}
+
+/* malloc(size) served by the thread's heap. Profiling samples one
+ * allocation in a few thousand (HAKMEM_PROFILE_SAMPLE), at random, and
+ * serves it from elsewhere while the block it took goes back to the
+ * cache: a test that expects a certain block frees a sampled one and takes
+ * again (CI once drew a sample inside test_batch_refill's loop, and
+ * test_secure's overwritten link was a sample's, in no list, once in a
+ * hundred runs or so). */
+static inline char *heap_malloc(size_t size)
+{
+    for (;;) {
+        uint64_t samples = samples_taken();
+        char *p = malloc(size);
+        if (samples_taken() == samples)
+            return p;
+        free(p);
     }
 }
 

@@ -46,7 +46,7 @@ static void test_links_encoded(void)
 {
     enum { N = 5000 };
     static void *p[N];
-    void *a = malloc(80), *b = malloc(80);
+    void *a = heap_malloc(80), *b = heap_malloc(80);
     free(a);
     free(b); /* b's link now leads to a */
     uintptr_t link = *(volatile uintptr_t *)b;
@@ -63,7 +63,7 @@ static void test_links_encoded(void)
 
 static void overwrite_link(void)
 {
-    char *a = malloc(80), *b = malloc(80);
+    char *a = heap_malloc(80), *b = heap_malloc(80);
     free(a);
     free(b);
     *(volatile uintptr_t *)b = 0x4141414141414141u; /* a write after free */
@@ -91,7 +91,7 @@ static void overwrite_cached_link(void)
     enum { N = 10 };
     char *p[N];
     for (int i = 0; i < N; i++)
-        p[i] = malloc(336);
+        p[i] = heap_malloc(336);
     for (int i = 0; i < N; i++)
         free(p[i]);
     for (int tries = 0; tries < 64; tries++) {

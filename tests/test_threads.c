@@ -479,29 +479,6 @@ static void *free_in_thread(void *p)
     return NULL;
 }
 
-static uint64_t samples_taken(void)
-{
-    hak_kpi_t kpi;
-    hak_get_kpi(&kpi);
-    return kpi.latency_samples;
-}
-
-/* malloc(size) served by the thread's heap. Profiling samples one
- * allocation in a few thousand (HAKMEM_PROFILE_SAMPLE), at random, and
- * serves it from elsewhere while the block it took goes back to the
- * cache: a test that expects a certain block frees a sampled one and takes
- * again (CI once drew a sample inside test_batch_refill's loop). */
-static char *heap_malloc(size_t size)
-{
-    for (;;) {
-        uint64_t samples = samples_taken();
-        char *p = malloc(size);
-        if (samples_taken() == samples)
-            return p;
-        free(p);
-    }
-}
-
 /* Take and free a block of `size` `rounds` times: `expected` each time. */
 static bool reuses_block(const void *expected, size_t size, int rounds)
 {
