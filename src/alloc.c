@@ -52,7 +52,8 @@ void *hak_alloc_slow_size(size_t size, uintptr_t site)
     hak_ensure_init(); /* the threshold is an option */
     if (size_in_slabs(size)) {
         unsigned c = mid_class_of(size);
-        return class_caches_frees(c) ? hak_alloc_mid(c, size, site) : hak_alloc_class(c, size, site);
+        /* size, not the class: one compare, 64 KiB being a class boundary */
+        return size <= CACHED_FREES_MAX_BLOCK ? hak_alloc_mid(c, size, site) : hak_alloc_class(c, size, site);
     }
     if (unlikely(size > PTRDIFF_MAX))
         return fail_enomem();
@@ -143,13 +144,9 @@ static void *slab_block_checked(slab_t *s, void *p, const char *op)
     return block;
 }
 
-/* The owner frees p into the current slab of a mid class (the
- * SLAB_CACHES_FREES flag): p goes to the cache, to be the next block
- * handed out while its lines are in L1 (on the slab's list it came back
- * only at the next refill: bench mid 1.2 times as fast). The slab no longer
- * empties while the thread runs; the purger flushes the caches under a
- * claim, changing the slab's fields, so the checks run inside the owner's
- * mark (heap_mid_enter). False if p is not a live block's start. */
+/* p goes to the cache of its slab's class, if it is a live block's start.
+ * The purger changes the slab's fields under its claim: called inside the
+ * owner's mark (heap_mid_enter). */
 static inline bool heap_cache_push(heap_t *heap, slab_t *s, void *p)
 {
     uint64_t offset_times_recip = (uint64_t)((char *)p - s->start) * s->recip;
@@ -162,7 +159,9 @@ static inline bool heap_cache_push(heap_t *heap, slab_t *s, void *p)
     return true;
 }
 
-static HAK_NOINLINE void hak_free_irregular_slow(slab_t *s, void *p, const char *op)
+/* Everything the free fast path does not take but the cached frees:
+ * checked, diagnosed, pushed where it belongs. */
+static HAK_NOINLINE void hak_free_diagnosed(slab_t *s, void *p, const char *op)
 {
     prefetch_for_write(p);
     void *block = slab_block_checked(s, p, op);
@@ -204,6 +203,15 @@ static HAK_NOINLINE void hak_free_irregular_slow(slab_t *s, void *p, const char 
     s->used--;
 }
 
+/* Frees the fast path did not take. The owner's into the current slab of
+ * a mid class (the SLAB_CACHES_FREES flag) go to the cache, to be the next
+ * block handed out while its lines are in L1 (on the slab's list it came
+ * back only at the next refill: bench mid 1.15-1.25 times as fast); the
+ * slab no longer empties while the thread runs, and the purger flushes the
+ * caches. While it does, or if p is odd, the diagnosed path waits or
+ * reports. The fast path's compare of the owner word does not look for
+ * the flag: a second compare there cost every tiny malloc/free pair an
+ * instruction. */
 void hak_free_irregular(slab_t *s, void *p, const char *op)
 {
     heap_t *heap = heap_get();
@@ -218,7 +226,7 @@ void hak_free_irregular(slab_t *s, void *p, const char *op)
             return;
         }
     }
-    hak_free_irregular_slow(s, p, op);
+    hak_free_diagnosed(s, p, op);
 }
 
 /* ---- usable size and realloc ------------------------------------------------- */
