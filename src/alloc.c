@@ -47,14 +47,34 @@ static inline void *hak_alloc_mid(unsigned c, size_t size, uintptr_t site)
     return hak_alloc_mid_slow(c, size, site);
 }
 
+/* A block of the page arenas, from the thread's lane, cleared if asked
+ * (only the bytes that may hold old contents). The allocation that ends
+ * a sampling interval is the sample, as in the slabs. Where no arena can
+ * be mapped (an address-space limit: an arena reserves 64 MiB), the
+ * block gets a mapping of its own. */
+static HAK_NOINLINE void *hak_alloc_arena(size_t size, size_t align, uintptr_t site, bool zero)
+{
+    heap_t *heap = heap_get();
+    if (unlikely(heap == &hak_empty_heap) && !(heap = heap_thread_init()))
+        return NULL;
+    if (unlikely(--heap->sample_left == 0))
+        return sample_take_arena(heap, size, align, site, zero);
+    size_t stale;
+    void *p = arena_alloc(size, align, heap->arena_lane, &stale);
+    if (unlikely(!p))
+        return zero ? large_alloc_zeroed(size, site) : large_alloc(size, align, site, 1);
+    if (zero)
+        memset(p, 0, stale < size ? stale : size);
+    return p;
+}
+
 void *hak_alloc_slow_size(size_t size, uintptr_t site)
 {
     hak_ensure_init(); /* the threshold is an option */
-    if (size_in_slabs(size)) {
-        unsigned c = mid_class_of(size);
-        /* size, not the class: one compare, 64 KiB being a class boundary */
-        return size <= CACHED_FREES_MAX_BLOCK ? hak_alloc_mid(c, size, site) : hak_alloc_class(c, size, site);
-    }
+    if (size_in_slabs(size))
+        return hak_alloc_mid(mid_class_of(size), size, site);
+    if (size_in_arenas(size))
+        return hak_alloc_arena(size, 0, site, false);
     if (unlikely(size > PTRDIFF_MAX))
         return fail_enomem();
     return large_alloc(size, 0, site, 1);
@@ -71,11 +91,14 @@ bool hak_release_caches(void)
     return atomic_load_explicit(&hak_mapped_bytes, memory_order_relaxed) < before;
 }
 
-/* Zeroed memory above the tiny sizes: large blocks clear only what needs
- * it (a new mapping is zero already); slab blocks are cleared here. */
+/* Zeroed memory above the tiny sizes: arena and large blocks clear only
+ * what needs it (new or purged pages are zero already); slab blocks are
+ * cleared here. */
 void *hak_calloc_slow(size_t size, uintptr_t site)
 {
     hak_ensure_init();
+    if (size_in_arenas(size))
+        return hak_alloc_arena(size, 0, site, true);
     if (!size_in_slabs(size) && size <= PTRDIFF_MAX)
         return large_alloc_zeroed(size, site);
     void *p = hak_alloc_slow_size(size, site); /* a slab block, or NULL and ENOMEM */
@@ -96,6 +119,8 @@ void hak_free_slow(void *p, const char *op)
         large_free(p, op);
     } else if (kind == SEG_SUPERSLAB)
         hak_free_irregular(slab_of(superslab_of(p), p), p, op);
+    else if (kind == SEG_ARENA)
+        arena_free(p, op);
     else if (kind == SEG_SAMPLED)
         sample_free(p, op);
     else
@@ -243,6 +268,8 @@ size_t hak_usable_size_checked(const void *p, const char *op)
     }
     if (kind == SEG_LARGE_HEAD || kind == SEG_LARGE_INTERIOR)
         return large_usable_size(p, op);
+    if (kind == SEG_ARENA)
+        return arena_usable_size(p, op);
     if (kind == SEG_SAMPLED)
         return sample_usable_size(p, op);
     hak_report_bad_pointer(op, p, "pointer not allocated by hakmem (foreign, stack or global memory, or already freed)");
@@ -267,6 +294,9 @@ void *hak_realloc_impl(void *p, size_t size, uintptr_t site)
         errno = EINVAL;
         return NULL;
     }
+    /* An arena block shrinks in place, or grows into the free pages after it. */
+    if (kind == SEG_ARENA && size_in_arenas(size) && arena_resize(p, size))
+        return p;
     /* Stay in place unless the block would be more than half empty. */
     if (size <= usable && size > usable / 2)
         return p;
@@ -283,7 +313,9 @@ void *hak_realloc_impl(void *p, size_t size, uintptr_t site)
 /* align is a power of two. Slab blocks of a size that is a multiple of
  * align are naturally aligned (slabs start on 64 KiB); otherwise the block
  * is over-allocated and its slab marked so that free finds the block
- * start. Alignments above a slab page go to the large tier. */
+ * start. Above, the page arenas align a run of pages (the pages before and
+ * after it stay free), up to the large threshold; the large tier aligns
+ * the rest. */
 void *hak_alloc_aligned(size_t align, size_t size, uintptr_t site)
 {
     hak_ensure_init(); /* the class tables below must be filled */
@@ -307,5 +339,7 @@ void *hak_alloc_aligned(size_t align, size_t size, uintptr_t site)
             return aligned;
         }
     }
+    if (size_in_arenas(natural))
+        return hak_alloc_arena(size, align, site, false);
     return large_alloc(size, align, site, 1);
 }

@@ -980,6 +980,7 @@ heap_t *heap_thread_init(void)
     if (!h)
         return NULL;
     sample_heap_init(h);
+    h->arena_lane = arena_lane_next();
     hak_tl_heap = h;
     if (atomic_load_explicit(&heap_key_ready, memory_order_acquire))
         pthread_setspecific(heap_key, h);

@@ -17,12 +17,14 @@ void hak_init_slow(void)
         kpi_init();
         os_membarrier_init();
         bigcache_init();
+        arena_init();
         atomic_store_explicit(&hak_init_state, 2, memory_order_release);
         heaps_process_init();
         pthread_atfork(bigcache_fork_prepare, bigcache_fork_parent, bigcache_fork_child);
         pthread_atfork(NULL, NULL, purger_fork_child);
         pthread_atfork(NULL, NULL, os_membarrier_init); /* a new process registers anew */
         pthread_atfork(sample_fork_prepare, sample_fork_parent, sample_fork_child);
+        pthread_atfork(arena_fork_prepare, arena_fork_parent, arena_fork_child);
         pthread_atfork(NULL, NULL, learn_fork_child);
         stats_init();
         return;

@@ -57,6 +57,7 @@ enum seg_kind {
     SEG_LARGE_HEAD = 2,     /* a large block's header is at the chunk start */
     SEG_LARGE_INTERIOR = 3, /* inside a large mapping; header in an earlier chunk */
     SEG_SAMPLED = 4,        /* a chunk of the sample arena (sample.c) */
+    SEG_ARENA = 5,          /* a chunk of a page arena (arena.c): the header is at the arena's start */
 };
 
 /* ---- Size classes ------------------------------------------------------ */
@@ -64,15 +65,15 @@ enum seg_kind {
 /* Tiny: 16 B steps to 1 KiB (64 classes; 16 B granularity keeps rounding
  * waste near glibc's, and 16 B blocks leave room for the free mark). Mid:
  * 8 classes per doubling above 1 KiB (at most 12.5% rounding waste) up to
- * 1.875 MiB, the largest that fits a SuperSlab beside its header page (the
- * 2 MiB class would not). */
+ * 64 KiB. Larger blocks up to the large threshold are runs of pages in
+ * the page arenas (arena.c). */
 #define TINY_MAX 1024
 #define TINY_CLASSES 64
 #define MID_CLASSES_PER_DOUBLING 8
 #define MID_MIN_SHIFT 10 /* 1 KiB */
-#define MID_MAX_SHIFT 21 /* classes up to 2 MiB, less the last one */
-#define SLAB_CLASS_MAX ((size_t)15 << (MID_MAX_SHIFT - 4)) /* 1.875 MiB */
-#define CLASS_COUNT (TINY_CLASSES + (MID_MAX_SHIFT - MID_MIN_SHIFT) * MID_CLASSES_PER_DOUBLING - 1)
+#define MID_MAX_SHIFT 16 /* 64 KiB */
+#define SLAB_CLASS_MAX ((size_t)1 << MID_MAX_SHIFT)
+#define CLASS_COUNT (TINY_CLASSES + (MID_MAX_SHIFT - MID_MIN_SHIFT) * MID_CLASSES_PER_DOUBLING)
 
 extern const uint8_t hak_tiny_class_of[TINY_MAX / 16 + 1];
 extern uint32_t hak_class_size[CLASS_COUNT];
@@ -97,21 +98,12 @@ static inline unsigned class_of(size_t size)
 
 static inline bool class_is_tiny(unsigned c) { return c < TINY_CLASSES; }
 
-/* The mid classes of slabs of several blocks (up to 64 KiB, a class
- * boundary): the owner's frees of the current slab go to the cache
+/* The mid classes: the owner's frees of the current slab go to the cache
  * (hak_free_irregular), and their mallocs mark the heap against the
  * purger's claim (heap_mid_enter). Not the tiny classes, where the cache
  * push cost interleaved 16 B 6-12% (the flag takes every free of the
- * current slab off the fast path), nor the page bundles above, whose one
- * block would pin its pages (they park the last block instead, and their
- * mallocs store nothing more: battle mir's loop is slowed by every store
- * after its page-strided writes). */
-#define CACHED_FREES_MAX_BLOCK ((size_t)64 << 10)
-
-static inline bool class_caches_frees(unsigned c)
-{
-    return !class_is_tiny(c) && hak_class_size[c] <= CACHED_FREES_MAX_BLOCK;
-}
+ * current slab off the fast path). */
+static inline bool class_caches_frees(unsigned c) { return !class_is_tiny(c); }
 
 /* Fetch p's cache line for writing. A free reads the block's mark and
  * then writes its link: a line another core wrote (a block freed by
@@ -139,8 +131,10 @@ static inline uint64_t xorshift64(uint64_t *state)
 /* The earlier of two due times, 0 meaning none (the purge passes). */
 static inline uint64_t due_earlier(uint64_t a, uint64_t b) { return !a ? b : !b ? a : a < b ? a : b; }
 
-/* Whether a block of this size comes from a slab (else its own mapping). */
-#define size_in_slabs(size) ((size) <= hak_large_threshold() && (size) <= SLAB_CLASS_MAX)
+/* Whether a block of this size comes from a slab, or from a page arena
+ * (else its own mapping). */
+#define size_in_slabs(size) ((size) <= SLAB_CLASS_MAX && (size) <= hak_large_threshold())
+#define size_in_arenas(size) ((size) > SLAB_CLASS_MAX && (size) <= hak_large_threshold())
 
 /* ---- Slabs and SuperSlabs ---------------------------------------------- */
 
@@ -333,6 +327,7 @@ static inline unsigned segmap_kind(const void *p)
 }
 
 void segmap_set(void *chunk, size_t size, unsigned head_kind);
+void segmap_set_all(void *chunk, size_t size, unsigned kind);
 void segmap_clear(void *chunk, size_t size);
 
 /* ---- Thread heaps ------------------------------------------------------ */
@@ -441,6 +436,7 @@ typedef struct heap {
     long sample_interval;      /* the interval sample_left counts down from */
     uint64_t sampled_allocs;   /* allocations of the intervals completed */
     uint64_t sample_rng;       /* xorshift state drawing the sampling intervals */
+    unsigned arena_lane;       /* the page arenas' lane its thread allocates from (arena.c) */
     _Atomic int in_slow;       /* inside a list update (fork safety; the purger's mid claim keeps off) */
     /* The mid classes' frees to the cache, which the purger claims and
      * flushes a purge delay after the first (heap_mid_enter, heaps_flush_mid). */
@@ -524,6 +520,30 @@ void purger_notify(void);
 void purger_poll(void);
 void purger_heap_settled(void);
 void purger_fork_child(void);
+
+/* ---- Page arenas (arena.c) ---------------------------------------------- */
+
+/* 64 MiB arenas, aligned to their size, of 4 KiB pages (whatever the
+ * system's page size, which must divide it). */
+#define ARENA_SHIFT 26
+#define ARENA_SIZE ((size_t)1 << ARENA_SHIFT)
+#define ARENA_MASK (ARENA_SIZE - 1)
+#define ARENA_PAGE_SHIFT 12
+#define ARENA_PAGE ((size_t)1 << ARENA_PAGE_SHIFT)
+#define ARENA_PAGES ((uint32_t)(ARENA_SIZE >> ARENA_PAGE_SHIFT))
+
+void arena_init(void);
+unsigned arena_lane_next(void);
+void *arena_alloc(size_t size, size_t align, unsigned lane, size_t *stale);
+void arena_free(void *p, const char *op);
+size_t arena_usable_size(const void *p, const char *op);
+bool arena_resize(void *p, size_t size);
+bool arena_owns(const void *p);
+uint64_t arena_purge(bool force);
+void arena_stats(size_t *arenas, size_t *used_bytes, size_t *free_bytes, size_t *dirty_bytes);
+void arena_fork_prepare(void);
+void arena_fork_parent(void);
+void arena_fork_child(void);
 
 /* ---- Large blocks ------------------------------------------------------ */
 
@@ -616,6 +636,7 @@ typedef struct hak_config {
     long bigcache_sites;      /* 0: no BigCache */
     long bigcache_slots;
     size_t bigcache_max_block;
+    size_t arena_trim;        /* bytes */
 } hak_config_t;
 
 #define HAK_CONFIG_ALIGN 128
@@ -660,6 +681,7 @@ enum site_rule {
 void sample_heap_init(heap_t *heap);
 void *sample_take(heap_t *heap, unsigned c, void *b, size_t size, uintptr_t site, uint64_t ticks);
 void *sample_fast_hit(heap_t *heap, unsigned c, void *b, size_t size, uintptr_t site);
+void *sample_take_arena(heap_t *heap, size_t size, size_t align, uintptr_t site, bool zero);
 void sample_free(void *p, const char *op);
 size_t sample_usable_size(const void *p, const char *op);
 bool sample_owns(const void *p);
@@ -729,6 +751,9 @@ static inline void hak_ensure_init(void)
 /* ---- OS layer (os.c): the only file that talks to the kernel ----------- */
 
 void *os_map(size_t size);
+void *os_reserve_aligned(size_t size, size_t align);
+bool os_commit(void *p, size_t size);
+void os_release(void *p, size_t size, size_t committed);
 void *os_map_aligned(size_t size, size_t align);
 void *os_map_aligned_at(size_t size, size_t align, size_t offset);
 void *os_remap_aligned(void *p, size_t old_size, size_t new_size, size_t align);

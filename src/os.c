@@ -59,15 +59,14 @@ void *os_map(size_t size)
     return p;
 }
 
-/* Map size bytes at an address p with p + offset aligned to align (a power
+/* size bytes at an address p with p + offset aligned to align (a power
  * of two, at least a page): over-map by align and give the ends back. */
-void *os_map_aligned_at(size_t size, size_t align, size_t offset)
+static void *map_aligned_at(size_t size, size_t align, size_t offset, int prot, int flags)
 {
     if (size + align < size)
         return map_failed();
     int saved = errno;
-    char *raw = mmap(NULL, size + align, PROT_READ | PROT_WRITE,
-                     MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    char *raw = mmap(NULL, size + align, prot, MAP_PRIVATE | MAP_ANONYMOUS | flags, -1, 0);
     errno = saved;
     if (raw == MAP_FAILED)
         return map_failed();
@@ -78,8 +77,38 @@ void *os_map_aligned_at(size_t size, size_t align, size_t offset)
         munmap(raw, before);
     if (after)
         munmap(p + size, after);
-    account_mapped(size);
     return p;
+}
+
+void *os_map_aligned_at(size_t size, size_t align, size_t offset)
+{
+    void *p = map_aligned_at(size, align, offset, PROT_READ | PROT_WRITE, 0);
+    if (p)
+        account_mapped(size);
+    return p;
+}
+
+/* Address space only (the page arenas): no access and no commit charge
+ * until os_commit makes a part of it memory. */
+void *os_reserve_aligned(size_t size, size_t align) { return map_aligned_at(size, align, 0, PROT_NONE, MAP_NORESERVE); }
+
+/* Reserved pages become readable and writable (charged to the commit
+ * limit then, as any mapping: false where the system refuses). */
+bool os_commit(void *p, size_t size)
+{
+    int saved = errno;
+    bool done = mprotect(p, size, PROT_READ | PROT_WRITE) == 0;
+    errno = saved;
+    if (done)
+        account_mapped(size);
+    return done;
+}
+
+/* A reservation goes back, `committed` bytes of it made memory. */
+void os_release(void *p, size_t size, size_t committed)
+{
+    os_unmap(p, size);
+    atomic_fetch_add_explicit(&hak_mapped_bytes, size - committed, memory_order_relaxed);
 }
 
 void *os_map_aligned(size_t size, size_t align) { return os_map_aligned_at(size, align, 0); }

@@ -126,7 +126,7 @@ HAK_EXPORT struct mallinfo2 mallinfo2(void)
     struct mallinfo2 mi;
     memset(&mi, 0, sizeof mi);
     mi.arena = s.mapped_bytes;
-    mi.uordblks = s.tiny_bytes + s.mid_bytes;
+    mi.uordblks = s.tiny_bytes + s.mid_bytes + s.arena_bytes;
     mi.fordblks = s.mapped_bytes > mi.uordblks ? s.mapped_bytes - mi.uordblks : 0;
     mi.usmblks = s.mapped_peak;
     return mi;
@@ -147,6 +147,8 @@ HAK_EXPORT bool hak_owns(const void *p)
         large_hdr_t *h = large_header_of(p);
         return h && h->magic == LARGE_MAGIC && (const char *)p >= h->user && (const char *)p < h->user + h->usable;
     }
+    if (kind == SEG_ARENA)
+        return arena_owns(p);
     return kind == SEG_SAMPLED && sample_owns(p);
 }
 
@@ -160,6 +162,7 @@ HAK_EXPORT void hak_collect(bool force)
     heap_collect(heap_get(), true);
     heaps_flush_mid(force); /* the other threads' */
     superslab_purge(force);
+    arena_purge(force);
     bigcache_collect(force);
     sample_collect();
 }

@@ -20,13 +20,14 @@ static _Atomic bool purger_started;
 static _Atomic uint64_t next_inline_check_ms;
 _Atomic bool hak_purger_start_wanted; /* deferred until the heap's lists are consistent */
 
-/* One pass over orphaned heaps, threads' mid caches, SuperSlabs and
- * BigCache: when the next purge falls due, or 0 if nothing waits. The
+/* One pass over orphaned heaps, threads' mid caches, SuperSlabs, page
+ * arenas and BigCache: when the next purge falls due, or 0 if nothing waits. The
  * orphans first: what they give back joins the SuperSlabs' purges. */
 static uint64_t purge_pass(void)
 {
     uint64_t heaps_due = due_earlier(heaps_drain_orphans(), heaps_flush_mid(false));
-    return due_earlier(heaps_due, due_earlier(superslab_purge(false), bigcache_collect(false)));
+    uint64_t pages_due = due_earlier(superslab_purge(false), arena_purge(false));
+    return due_earlier(heaps_due, due_earlier(pages_due, bigcache_collect(false)));
 }
 
 static void sleep_ms(uint64_t ms)

@@ -19,6 +19,7 @@
 
 #include <limits.h>
 #include <pthread.h>
+#include <string.h>
 
 #define ARENA_MIN_SLOT_SHIFT 6 /* slots of 1 << 6, 8 or 10 bytes */
 #define ARENA_SLOT_KINDS 3
@@ -106,7 +107,7 @@ static arena_chunk_t *arena_chunk_new(unsigned kind)
     return a;
 }
 
-static void *arena_alloc(unsigned c, size_t size, uint32_t weight, unsigned site, uint64_t born)
+static void *slot_alloc(unsigned c, size_t size, uint32_t weight, unsigned site, uint64_t born)
 {
     unsigned kind = slot_kind_of(c);
     pthread_mutex_lock(&arena_lock);
@@ -243,14 +244,21 @@ static size_t class_alignment(unsigned c)
     return align > SLAB_PAGE_SIZE ? SLAB_PAGE_SIZE : align;
 }
 
+/* The sampling interval ends: the allocations the sample stands for. */
+static uint32_t sample_interval_end(heap_t *heap)
+{
+    uint32_t weight = (uint32_t)(heap->sample_interval - heap->sample_left);
+    heap->sampled_allocs += weight;
+    heap->sample_left = heap->sample_interval = next_interval(heap);
+    return weight;
+}
+
 /* b: the block the allocation took from the cache (of cur[c]); ticks: what
  * taking it cost. Site 0 asks for no tracking (aligned requests that will
  * be offset inside the block). */
 void *sample_take(heap_t *heap, unsigned c, void *b, size_t size, uintptr_t site, uint64_t ticks)
 {
-    uint32_t weight = (uint32_t)(heap->sample_interval - heap->sample_left); /* allocations it stands for */
-    heap->sampled_allocs += weight;
-    heap->sample_left = heap->sample_interval = next_interval(heap);
+    uint32_t weight = sample_interval_end(heap);
     if (!hak_config.profile)
         return b;
     kpi_record_latency(ticks, weight);
@@ -259,7 +267,7 @@ void *sample_take(heap_t *heap, unsigned c, void *b, size_t size, uintptr_t site
         return b;
     void *tracked;
     if (class_is_tiny(c)) {
-        tracked = arena_alloc(c, size, weight, site_index_of(site), hak_ticks());
+        tracked = slot_alloc(c, size, weight, site_index_of(site), hak_ticks());
         site_record_alloc(site, size, weight, tracked != NULL);
     } else { /* the large tier records the site itself */
         tracked = large_alloc(size, class_alignment(c), site, weight);
@@ -289,4 +297,33 @@ void *sample_fast_hit(heap_t *heap, unsigned c, void *b, size_t size, uintptr_t 
     heap->cache[c] = block_next(b);
     block_handed_out(b);
     return sample_take(heap, c, b, size, site, hak_ticks() - start);
+}
+
+/* A sample among the page arenas' sizes: the arena allocation is timed,
+ * and its block given back for one of the large tier, which records the
+ * site as for a slab-sized sample. */
+void *sample_take_arena(heap_t *heap, size_t size, size_t align, uintptr_t site, bool zero)
+{
+    uint32_t weight = sample_interval_end(heap);
+    size_t stale;
+    uint64_t start = hak_ticks();
+    void *p = arena_alloc(size, align, heap->arena_lane, &stale);
+    uint64_t ticks = hak_ticks() - start;
+    if (p && zero)
+        memset(p, 0, stale < size ? stale : size);
+    if (!hak_config.profile || !p)
+        return p;
+    kpi_record_latency(ticks, weight);
+    learn_tick();
+    if (!site)
+        return p;
+    void *tracked = large_alloc(size, align, site, weight);
+    if (!tracked) {
+        site_record_alloc(site, size, weight, false);
+        return p;
+    }
+    if (zero)
+        memset(tracked, 0, size);
+    arena_free(p, "sample");
+    return tracked;
 }

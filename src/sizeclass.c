@@ -14,20 +14,11 @@ const uint8_t hak_tiny_class_of[TINY_MAX / 16 + 1] = {
 uint32_t hak_class_size[CLASS_COUNT];
 uint8_t hak_class_span[CLASS_COUNT];
 
-/* Slabs of blocks up to 64 KiB aim at 8 or more blocks (so a slab is not
- * refilled for every allocation) with at most 1/8 of the slab left over;
- * classes too large for 8 blocks take a slab of at least 1 MiB. Larger
- * blocks (the upper L2 classes and L2.5) are page bundles: the fewest
- * pages that hold one block, or a few where 64 KiB pages would leave more,
- * with at most 1/8 left over, so that freed blocks give their pages back to
- * the SuperSlab soon, for any class, instead of pinning a slab that a few
- * other blocks keep alive.
- * With slabs of 8 blocks up to 256 KiB, a producer/consumer of 1 KiB..1 MiB
- * blocks held 10% more RSS (bench rss-time, docs/benchmarks.md); below
- * 64 KiB, bundles cost the mid workload (1..64 KiB) 15-40% of its speed. */
+/* Slabs aim at 8 or more blocks (so a slab is not refilled for every
+ * allocation) with at most 1/8 of the slab left over; classes too large
+ * for 8 blocks take a slab of at least 1 MiB. */
 #define SLAB_MIN_BLOCKS 8
 #define SLAB_BIG_BYTES ((size_t)1 << 20)
-#define BUNDLE_MIN_BLOCK ((size_t)64 << 10)
 
 static uint8_t span_for(size_t block_size)
 {
@@ -36,8 +27,7 @@ static uint8_t span_for(size_t block_size)
         size_t bytes = span * SLAB_PAGE_SIZE;
         size_t blocks = bytes / block_size;
         size_t waste = bytes - blocks * block_size;
-        if (waste * 8 <= bytes &&
-            (blocks >= SLAB_MIN_BLOCKS || bytes >= SLAB_BIG_BYTES || block_size > BUNDLE_MIN_BLOCK))
+        if (waste * 8 <= bytes && (blocks >= SLAB_MIN_BLOCKS || bytes >= SLAB_BIG_BYTES))
             return (uint8_t)span;
     }
     return (uint8_t)first;

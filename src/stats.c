@@ -30,4 +30,5 @@ HAK_EXPORT void hak_stats_get(hak_stats_t *out)
     out->tuner_windows = t.windows;
     out->tuner_moves = t.moves;
     out->hardened = HAK_SECURE;
+    arena_stats(&out->arenas, &out->arena_bytes, &out->arena_free_bytes, &out->arena_dirty_bytes);
 }

@@ -41,6 +41,13 @@ void segmap_set(void *chunk, size_t size, unsigned head_kind)
     atomic_store_explicit(&hak_segmap[first], (uint8_t)head_kind, memory_order_release);
 }
 
+void segmap_set_all(void *chunk, size_t size, unsigned kind)
+{
+    size_t first = (uintptr_t)chunk >> SS_SHIFT;
+    for (size_t i = 0; i < size >> SS_SHIFT; i++)
+        atomic_store_explicit(&hak_segmap[first + i], (uint8_t)kind, memory_order_release);
+}
+
 void segmap_clear(void *chunk, size_t size)
 {
     size_t first = (uintptr_t)chunk >> SS_SHIFT;

@@ -214,6 +214,12 @@ static const bad_case_t cases[] = {
     {"interior pointer, tiny", "free(", "interior pointer", 64, interior_free},
     {"interior pointer, mid", "free(", "interior pointer", 5000, interior_free},
     {"interior pointer, large", "free(", "interior pointer", 3 << 20, interior_free},
+    {"double free, arena", "free(", "double free", 200000, double_free},
+    {"delayed double free, arena", "free(", "double free", 300000, delayed_double_free},
+    {"cross-thread double free, arena", "free(", "double free", 150000, cross_thread_double_free},
+    {"remote double free, arena", "free(", "double free", 100000, remote_double_free},
+    {"interior pointer, arena", "free(", "interior pointer", 500000, interior_free},
+    {"realloc of an arena block's interior", "realloc(", "interior pointer", 90000, interior_realloc},
     {"realloc of an interior pointer", "realloc(", "interior pointer", 100, interior_realloc},
 };
 

@@ -1,0 +1,692 @@
+/* Page arenas: the blocks above the slab classes (64 KiB) up to the large
+ * threshold, as runs of 4 KiB pages ("extents") in 64 MiB arenas.
+ *
+ * Why not slabs: blocks of 64 KiB to 2 MiB, of many sizes, in page
+ * bundles inside 2 MiB SuperSlabs left RSS a third above the live bytes on
+ * a producer/consumer of 1 KiB..1 MiB blocks (bench rss-time: 74 MiB for
+ * 43 live, glibc 50): a bundle needs its pages contiguous inside one
+ * SuperSlab, whose free pages were too short or too few for the next
+ * block, so new ones were touched while 20 MiB of free pages waited for a
+ * purge. An arena places a block in the free run that fits it best (any
+ * run of pages: a freed block merges with free neighbours at once), and
+ * above the highest block is the wilderness, used only when no free run
+ * fits: space freed at the top joins it, and is given back to the OS past
+ * HAKMEM_ARENA_TRIM (glibc's trim) or once no block reached it for a
+ * purge delay (docs/benchmarks.md, session 20).
+ *
+ * Layout: the arena header (its state and a map with one 8-byte entry per
+ * page) fills the first pages; no metadata lives in the blocks, so a
+ * purged free run costs nothing to keep track of. The head and tail pages
+ * of each extent, used or free, carry its length and state in the map;
+ * free ones are linked into bins by length through their head entries.
+ * The segment map marks every chunk of an arena SEG_ARENA; masking a
+ * pointer with the arena size finds the header.
+ *
+ * Threads: arenas are shared, in lanes (as many as CPUs); a heap
+ * allocates from its lane, and a block goes back to its arena's lane from
+ * whichever thread frees it. One spin lock per lane covers its arenas:
+ * there is no owner to hand blocks back to, so an exited thread leaves
+ * nothing behind, and remote frees coalesce at once. */
+#define _GNU_SOURCE
+#include "internal.h"
+
+#include <errno.h>
+#include <sched.h>
+
+/* ---- map entries ------------------------------------------------------------- */
+
+enum extent_state { EXTENT_NONE, EXTENT_USED, EXTENT_FREE };
+
+/* An entry: the extent's length in pages, its state, whether it is the
+ * head (the tail of a one-page extent is its head), and for free extents
+ * whether their pages may be resident (dirty), whether the purger saw
+ * them free at its last look (seen), and in the head the bin links (page
+ * indexes, 0 for none: page 0 is the header's). */
+#define E_PAGES_MASK ((uint64_t)0x7fff)
+#define E_STATE_SHIFT 15
+#define E_STATE_MASK ((uint64_t)3 << E_STATE_SHIFT)
+#define E_HEAD ((uint64_t)1 << 17)
+#define E_DIRTY ((uint64_t)1 << 18)
+#define E_SEEN ((uint64_t)1 << 19)
+#define E_NEXT_SHIFT 20
+#define E_PREV_SHIFT 34
+#define E_LINK_MASK ((uint64_t)0x3fff)
+
+_Static_assert(ARENA_PAGES - 1 <= E_LINK_MASK && ARENA_PAGES <= E_PAGES_MASK, "page indexes fit the links");
+
+static inline uint32_t e_pages(uint64_t e) { return (uint32_t)(e & E_PAGES_MASK); }
+static inline unsigned e_state(uint64_t e) { return (unsigned)((e & E_STATE_MASK) >> E_STATE_SHIFT); }
+static inline uint32_t e_next(uint64_t e) { return (uint32_t)((e >> E_NEXT_SHIFT) & E_LINK_MASK); }
+static inline uint32_t e_prev(uint64_t e) { return (uint32_t)((e >> E_PREV_SHIFT) & E_LINK_MASK); }
+
+static inline uint64_t e_make(uint32_t pages, unsigned state, uint64_t flags)
+{
+    return pages | ((uint64_t)state << E_STATE_SHIFT) | flags;
+}
+
+static inline uint64_t e_with_links(uint64_t e, uint32_t next, uint32_t prev)
+{
+    e &= ~((E_LINK_MASK << E_NEXT_SHIFT) | (E_LINK_MASK << E_PREV_SHIFT));
+    return e | ((uint64_t)next << E_NEXT_SHIFT) | ((uint64_t)prev << E_PREV_SHIFT);
+}
+
+/* Bins: one per length up to ARENA_EXACT_BINS pages, then four per
+ * doubling up to the arena's size. */
+#define ARENA_EXACT_BINS 512
+#define ARENA_BINS (ARENA_EXACT_BINS + 4 * (ARENA_SHIFT - ARENA_PAGE_SHIFT - 9))
+#define ARENA_BIN_WORDS ((ARENA_BINS + 63) / 64)
+
+_Static_assert(ARENA_EXACT_BINS == 1 << 9, "the log bins start at 2^9 pages");
+
+static unsigned bin_of(uint32_t pages)
+{
+    if (pages <= ARENA_EXACT_BINS)
+        return pages - 1;
+    unsigned b = 31u - (unsigned)__builtin_clz(pages - 1);
+    return ARENA_EXACT_BINS + (b - 9) * 4 + (((pages - 1) >> (b - 2)) & 3);
+}
+
+/* ---- arenas and lanes ------------------------------------------------------- */
+
+struct lane;
+
+typedef struct arena {
+    /* The first line of a page: nothing the allocation paths read (see
+     * superslab_t). */
+    uint32_t magic;
+    struct arena *next;       /* in its lane, oldest first */
+    struct lane *lane;
+    _Alignas(64) uint32_t top; /* first page of the wilderness: everything above is free */
+    uint32_t dirty_end;       /* the wilderness's pages below this may be resident */
+    uint32_t commit_end;      /* pages below are accessible (committed in ARENA_COMMIT steps) */
+    uint32_t used_pages;      /* in blocks handed out */
+    uint32_t free_pages;      /* in free extents below top */
+    uint32_t dirty_free_pages; /* of which flagged dirty */
+    uint32_t top_high;        /* the highest top since the purger's last look */
+    uint64_t looked_ms;       /* the purger's last look (arena_purge) */
+    uint64_t bin_mask[ARENA_BIN_WORDS];
+    uint16_t bin[ARENA_BINS]; /* head page of the first free extent, 0 for none */
+    _Alignas(64) _Atomic uint64_t map[ARENA_PAGES];
+} arena_t;
+
+#define ARENA_MAGIC 0x48414b41u /* "HAKA" */
+#define ARENA_HEADER_PAGES ((sizeof(arena_t) + ARENA_PAGE - 1) / ARENA_PAGE)
+#define ARENA_FIRST_PAGE ((uint32_t)ARENA_HEADER_PAGES)
+#define ARENA_COMMIT_PAGES ((uint32_t)(((size_t)2 << 20) / ARENA_PAGE)) /* commit 2 MiB at a time */
+/* A free that leaves more than HAKMEM_ARENA_TRIM of dirty wilderness
+ * trims it to half that at once; the rest waits for the purger. */
+static inline uint32_t trim_pages(void) { return (uint32_t)(hak_config.arena_trim >> ARENA_PAGE_SHIFT); }
+
+typedef struct lane {
+    _Atomic int lock;
+    arena_t *arenas;
+} __attribute__((aligned(64))) lane_t;
+
+#define ARENA_LANES_MAX 64
+static lane_t lanes[ARENA_LANES_MAX];
+static unsigned lane_count = 1;
+static _Atomic unsigned next_lane;
+
+static void lane_lock(lane_t *l)
+{
+    while (atomic_exchange_explicit(&l->lock, 1, memory_order_acquire))
+        while (atomic_load_explicit(&l->lock, memory_order_relaxed))
+            sched_yield(); /* a holder in madvise: microseconds */
+}
+
+static void lane_unlock(lane_t *l) { atomic_store_explicit(&l->lock, 0, memory_order_release); }
+
+/* One lane per CPU the process may run on (sched_getaffinity: sysconf
+ * reads /sys with opendir, which allocates, and this runs inside init). */
+void arena_init(void)
+{
+    cpu_set_t cpus;
+    int count = sched_getaffinity(0, sizeof cpus, &cpus) == 0 ? CPU_COUNT(&cpus) : 1;
+    lane_count = count < 1 ? 1 : count > ARENA_LANES_MAX ? ARENA_LANES_MAX : (unsigned)count;
+}
+
+unsigned arena_lane_next(void) { return atomic_fetch_add_explicit(&next_lane, 1, memory_order_relaxed) % lane_count; }
+
+static inline arena_t *arena_of(const void *p) { return (arena_t *)((uintptr_t)p & ~(uintptr_t)ARENA_MASK); }
+
+static inline uint32_t page_index(const arena_t *a, const void *p)
+{
+    return (uint32_t)(((uintptr_t)p - (uintptr_t)a) >> ARENA_PAGE_SHIFT);
+}
+
+static inline char *page_address(arena_t *a, uint32_t page) { return (char *)a + ((size_t)page << ARENA_PAGE_SHIFT); }
+
+static inline uint64_t entry(arena_t *a, uint32_t page)
+{
+    return atomic_load_explicit(&a->map[page], memory_order_relaxed);
+}
+
+static inline void entry_set(arena_t *a, uint32_t page, uint64_t e)
+{
+    atomic_store_explicit(&a->map[page], e, memory_order_relaxed);
+}
+
+/* The head and tail entries of the extent [start, start + pages). */
+static void extent_mark(arena_t *a, uint32_t start, uint32_t pages, unsigned state, uint64_t flags)
+{
+    uint64_t e = e_make(pages, state, flags);
+    if (pages > 1)
+        entry_set(a, start + pages - 1, e);
+    entry_set(a, start, e | E_HEAD);
+}
+
+/* The extent's pages become the inside of a larger one (or wilderness). */
+static void extent_unmark(arena_t *a, uint32_t start, uint32_t pages)
+{
+    entry_set(a, start, 0);
+    if (pages > 1)
+        entry_set(a, start + pages - 1, 0);
+}
+
+/* ---- bins ----------------------------------------------------------------------- */
+
+/* The free extent at start joins its bin: at the front if dirty (taken
+ * first: resident already), else at the back. Each bin is a circular list. */
+static void bin_insert(arena_t *a, uint32_t start, uint64_t e)
+{
+    unsigned b = bin_of(e_pages(e));
+    uint32_t first = a->bin[b];
+    if (!first) {
+        entry_set(a, start, e_with_links(e, start, start));
+        a->bin[b] = (uint16_t)start;
+        a->bin_mask[b / 64] |= (uint64_t)1 << (b % 64);
+        return;
+    }
+    uint64_t fe = entry(a, first);
+    uint32_t last = e_prev(fe);
+    entry_set(a, start, e_with_links(e, first, last));
+    if (last == first) {
+        entry_set(a, first, e_with_links(fe, start, start));
+    } else {
+        entry_set(a, first, e_with_links(fe, e_next(fe), start));
+        uint64_t le = entry(a, last);
+        entry_set(a, last, e_with_links(le, start, e_prev(le)));
+    }
+    if (e & E_DIRTY)
+        a->bin[b] = (uint16_t)start;
+}
+
+static void bin_remove(arena_t *a, uint32_t start, uint64_t e)
+{
+    unsigned b = bin_of(e_pages(e));
+    uint32_t next = e_next(e), prev = e_prev(e);
+    if (next == start) {
+        a->bin[b] = 0;
+        a->bin_mask[b / 64] &= ~((uint64_t)1 << (b % 64));
+        return;
+    }
+    uint64_t ne = entry(a, next);
+    entry_set(a, next, e_with_links(ne, e_next(ne), prev));
+    uint64_t pe = entry(a, prev); /* read after: prev may be next */
+    entry_set(a, prev, e_with_links(pe, next, e_prev(pe)));
+    if (a->bin[b] == start)
+        a->bin[b] = (uint16_t)next;
+}
+
+/* The first non-empty bin from b on, or ARENA_BINS. */
+static unsigned bin_next_nonempty(const arena_t *a, unsigned b)
+{
+    unsigned w = b / 64;
+    uint64_t bits = a->bin_mask[w] & (~(uint64_t)0 << (b % 64));
+    while (!bits) {
+        if (++w == ARENA_BIN_WORDS)
+            return ARENA_BINS;
+        bits = a->bin_mask[w];
+    }
+    return w * 64 + (unsigned)__builtin_ctzll(bits);
+}
+
+/* The free extent that holds `pages` pages best (the shortest; among
+ * equals the first of its bin, dirty ones first), or 0. */
+static uint32_t bin_best_fit(arena_t *a, uint32_t pages)
+{
+    for (unsigned b = bin_next_nonempty(a, bin_of(pages)); b < ARENA_BINS; b = bin_next_nonempty(a, b + 1)) {
+        uint32_t first = a->bin[b];
+        if (b < ARENA_EXACT_BINS)
+            return first; /* every extent of an exact bin from bin_of(pages) on fits */
+        uint32_t best = 0, best_pages = UINT32_MAX, s = first;
+        do { /* a log bin: lengths vary, and in the first one some may not fit */
+            uint64_t e = entry(a, s);
+            if (e_pages(e) >= pages && e_pages(e) < best_pages)
+                best = s, best_pages = e_pages(e);
+            s = e_next(e);
+        } while (s != first);
+        if (best)
+            return best;
+    }
+    return 0;
+}
+
+/* ---- the arena's address space ---------------------------------------------------- */
+
+static arena_t *arena_new(lane_t *l)
+{
+    arena_t *a = os_reserve_aligned(ARENA_SIZE, ARENA_SIZE);
+    if (!a)
+        return NULL;
+    uint32_t commit = (ARENA_FIRST_PAGE + ARENA_COMMIT_PAGES - 1) / ARENA_COMMIT_PAGES * ARENA_COMMIT_PAGES;
+    if (!os_commit(a, (size_t)commit << ARENA_PAGE_SHIFT)) {
+        os_release(a, ARENA_SIZE, 0);
+        return NULL;
+    }
+    a->magic = ARENA_MAGIC;
+    a->lane = l;
+    a->top = a->dirty_end = a->top_high = ARENA_FIRST_PAGE;
+    a->commit_end = commit;
+    segmap_set_all(a, ARENA_SIZE, SEG_ARENA);
+    arena_t **link = &l->arenas;
+    while (*link)
+        link = &(*link)->next;
+    *link = a;
+    return a;
+}
+
+static void arena_unmap(lane_t *l, arena_t *a)
+{
+    for (arena_t **link = &l->arenas; *link; link = &(*link)->next)
+        if (*link == a) {
+            *link = a->next;
+            break;
+        }
+    segmap_clear(a, ARENA_SIZE);
+    os_release(a, ARENA_SIZE, (size_t)a->commit_end << ARENA_PAGE_SHIFT);
+}
+
+/* Pages [start, end) of the wilderness go back to the OS. */
+static void wilderness_purge(arena_t *a, uint32_t start)
+{
+    if (a->dirty_end > start)
+        os_purge(page_address(a, start), (size_t)(a->dirty_end - start) << ARENA_PAGE_SHIFT);
+    a->dirty_end = start;
+}
+
+/* ---- taking and giving back extents (under the lane lock) ------------------------- */
+
+/* The extent [start, start + pages) is handed out. */
+static uint32_t arena_hand_out(arena_t *a, uint32_t start, uint32_t pages)
+{
+    extent_mark(a, start, pages, EXTENT_USED, 0);
+    a->used_pages += pages;
+    return start;
+}
+
+/* The first `pages` pages of the free extent at start, handed out; the
+ * rest stays free, as dirty as it was. *stale: how many of the bytes
+ * handed out may hold old contents (calloc clears those; the rest reads
+ * as zeros). */
+static uint32_t arena_take_from(arena_t *a, uint32_t start, uint32_t pages, size_t *stale)
+{
+    uint64_t e = entry(a, start), dirty = e & E_DIRTY;
+    uint32_t have = e_pages(e);
+    bin_remove(a, start, e);
+    if (have > pages) { /* the rest has been free as long as the whole: it stays seen */
+        extent_mark(a, start + pages, have - pages, EXTENT_FREE, e & (E_DIRTY | E_SEEN));
+        bin_insert(a, start + pages, entry(a, start + pages));
+    }
+    a->free_pages -= pages;
+    if (dirty)
+        a->dirty_free_pages -= pages;
+    *stale = dirty ? (size_t)pages << ARENA_PAGE_SHIFT : 0;
+    return arena_hand_out(a, start, pages);
+}
+
+/* A run of `pages` pages from a's free extents (best fit), or 0. */
+static uint32_t arena_take_free(arena_t *a, uint32_t pages, size_t *stale)
+{
+    uint32_t start = bin_best_fit(a, pages);
+    return start ? arena_take_from(a, start, pages, stale) : 0;
+}
+
+/* A run of `pages` pages from the bottom of a's wilderness, or 0. */
+static uint32_t arena_take_wild(arena_t *a, uint32_t pages, size_t *stale)
+{
+    if (ARENA_PAGES - a->top < pages)
+        return 0;
+    uint32_t start = a->top, end = start + pages;
+    if (end > a->commit_end) {
+        uint32_t commit = (end + ARENA_COMMIT_PAGES - 1) / ARENA_COMMIT_PAGES * ARENA_COMMIT_PAGES;
+        if (commit > ARENA_PAGES)
+            commit = ARENA_PAGES;
+        if (!os_commit(page_address(a, a->commit_end), (size_t)(commit - a->commit_end) << ARENA_PAGE_SHIFT))
+            return 0;
+        a->commit_end = commit;
+    }
+    uint32_t dirty = a->dirty_end > start ? (a->dirty_end < end ? a->dirty_end : end) - start : 0;
+    a->top = end;
+    if (a->top_high < end)
+        a->top_high = end;
+    if (a->dirty_end < end)
+        a->dirty_end = end;
+    *stale = (size_t)dirty << ARENA_PAGE_SHIFT;
+    return arena_hand_out(a, start, pages);
+}
+
+/* The free extent at start leaves its bin to merge with a block being
+ * freed next to it; returns its dirty flag. */
+static uint64_t extent_absorb(arena_t *a, uint32_t start)
+{
+    uint64_t head = entry(a, start);
+    uint32_t pages = e_pages(head);
+    bin_remove(a, start, head);
+    extent_unmark(a, start, pages);
+    a->free_pages -= pages;
+    if (head & E_DIRTY)
+        a->dirty_free_pages -= pages;
+    return head & E_DIRTY;
+}
+
+/* The used extent at start (pages long) is free: it merges with free
+ * neighbours, and into the wilderness if it reaches it. Returns true when
+ * the wilderness has more dirty pages than it keeps (the caller trims). */
+static bool arena_give_back(arena_t *a, uint32_t start, uint32_t pages, bool dirty)
+{
+    a->used_pages -= pages;
+    extent_unmark(a, start, pages);
+    uint64_t flags = dirty ? E_DIRTY : 0;
+    if (start > ARENA_FIRST_PAGE) {
+        uint64_t before = entry(a, start - 1);
+        if (e_state(before) == EXTENT_FREE) {
+            start -= e_pages(before);
+            pages += e_pages(before);
+            flags |= extent_absorb(a, start);
+        }
+    }
+    uint32_t end = start + pages;
+    if (end == a->top) { /* into the wilderness, counted dirty up to dirty_end (>= the old top) */
+        a->top = start;
+        return a->dirty_end - a->top > trim_pages();
+    }
+    uint64_t after = entry(a, end);
+    if (e_state(after) == EXTENT_FREE) {
+        pages += e_pages(after);
+        flags |= extent_absorb(a, end);
+    }
+    extent_mark(a, start, pages, EXTENT_FREE, flags);
+    bin_insert(a, start, entry(a, start));
+    a->free_pages += pages;
+    if (flags)
+        a->dirty_free_pages += pages;
+    return false;
+}
+
+/* The aligned start inside a run taken with align_pages - 1 pages to
+ * spare: the pages before and after it go back. Page indexes are aligned
+ * as addresses are, the arena being aligned to its size. */
+static uint32_t arena_align_run(arena_t *a, uint32_t start, uint32_t pages, uint32_t align_pages)
+{
+    uint32_t total = pages + align_pages - 1;
+    uint32_t aligned = (start + align_pages - 1) & ~(align_pages - 1);
+    uint32_t lead = aligned - start, trail = total - lead - pages;
+    extent_mark(a, aligned, pages, EXTENT_USED, 0);
+    if (trail) {
+        extent_mark(a, aligned + pages, trail, EXTENT_USED, 0);
+        arena_give_back(a, aligned + pages, trail, true);
+    }
+    if (lead) {
+        extent_mark(a, start, lead, EXTENT_USED, 0);
+        arena_give_back(a, start, lead, true);
+    }
+    return aligned;
+}
+
+/* Dirty memory waits in some arena for the purger (set by frees, cleared
+ * by the purger before it looks, so that a free after its look tells it
+ * again). */
+static _Atomic bool arena_purge_wanted;
+
+static void arena_dirtied(void)
+{
+    if (!atomic_load_explicit(&arena_purge_wanted, memory_order_relaxed)) {
+        atomic_store_explicit(&arena_purge_wanted, true, memory_order_relaxed);
+        purger_notify();
+    }
+}
+
+void *arena_alloc(size_t size, size_t align, unsigned lane_index, size_t *stale)
+{
+    uint32_t pages = size ? (uint32_t)((size + ARENA_PAGE - 1) >> ARENA_PAGE_SHIFT) : 1;
+    uint32_t align_pages = align > ARENA_PAGE ? (uint32_t)(align >> ARENA_PAGE_SHIFT) : 1;
+    uint32_t want = pages + align_pages - 1;
+    lane_t *l = &lanes[lane_index];
+    for (int attempt = 0; attempt < 2; attempt++) {
+        lane_lock(l);
+        /* Free runs of every arena before any wilderness, a new arena last. */
+        arena_t *a;
+        uint32_t start = 0;
+        for (a = l->arenas; a && !(start = arena_take_free(a, want, stale)); a = a->next)
+            ;
+        if (!start)
+            for (a = l->arenas; a && !(start = arena_take_wild(a, want, stale)); a = a->next)
+                ;
+        if (!start && (a = arena_new(l)) != NULL)
+            start = arena_take_wild(a, want, stale);
+        if (start && align_pages > 1)
+            start = arena_align_run(a, start, pages, align_pages);
+        lane_unlock(l);
+        if (start)
+            return page_address(a, start);
+        if (attempt || !hak_release_caches())
+            break;
+    }
+    errno = ENOMEM;
+    return NULL;
+}
+
+/* ---- blocks: checks, free, size -------------------------------------------------- */
+
+/* The start page of the extent holding page, or 0 when page lies in the
+ * header or the wilderness. Inside an extent the map is zero but for its
+ * head and tail: walking back from page finds one of them. */
+static uint32_t extent_containing(arena_t *a, uint32_t page)
+{
+    if (page < ARENA_FIRST_PAGE || page >= a->top)
+        return 0;
+    uint32_t i = page;
+    uint64_t e;
+    while (!(e = entry(a, i)))
+        i--;
+    return e & E_HEAD ? i : i + 1 - e_pages(e);
+}
+
+/* NULL if p starts a block handed out, else what is wrong with it. Under
+ * the lane lock. */
+static const char *block_fault(arena_t *a, const void *p, uint32_t *start)
+{
+    uint32_t page = page_index(a, p);
+    uint64_t e = ((uintptr_t)p & (ARENA_PAGE - 1)) || page >= a->top ? 0 : entry(a, page);
+    *start = page;
+    if ((e & E_HEAD) && e_state(e) == EXTENT_USED)
+        return NULL;
+    if ((e & E_HEAD) && e_state(e) == EXTENT_FREE)
+        return "double free";
+    uint32_t head = extent_containing(a, page);
+    if (!head)
+        return page < ARENA_FIRST_PAGE ? "pointer into hakmem metadata (a page arena's header)"
+                                       : "pointer into hakmem's free pages (double free, or never handed out)";
+    return e_state(entry(a, head)) == EXTENT_USED ? "interior pointer: not the start of a block"
+                                                  : "pointer into a freed block (double free, or use after free)";
+}
+
+void arena_free(void *p, const char *op)
+{
+    arena_t *a = arena_of(p);
+    lane_t *l = a->lane;
+    uint32_t start;
+    lane_lock(l);
+    const char *fault = block_fault(a, p, &start);
+    if (!fault && arena_give_back(a, start, e_pages(entry(a, start)), true))
+        wilderness_purge(a, a->top + trim_pages() / 2);
+    lane_unlock(l);
+    if (fault)
+        hak_report_bad_pointer(op, p, fault);
+    else
+        arena_dirtied();
+}
+
+size_t arena_usable_size(const void *p, const char *op)
+{
+    arena_t *a = arena_of(p);
+    uint32_t start;
+    lane_lock(a->lane);
+    const char *fault = block_fault(a, p, &start);
+    size_t size = fault ? 0 : (size_t)e_pages(entry(a, start)) << ARENA_PAGE_SHIFT;
+    lane_unlock(a->lane);
+    if (fault)
+        hak_report_bad_pointer(op, p, fault);
+    return size;
+}
+
+/* p inside a block handed out (interior pointers included). */
+bool arena_owns(const void *p)
+{
+    arena_t *a = arena_of(p);
+    lane_lock(a->lane);
+    uint32_t head = extent_containing(a, page_index(a, p));
+    bool owned = head && e_state(entry(a, head)) == EXTENT_USED;
+    lane_unlock(a->lane);
+    return owned;
+}
+
+/* The block at p (checked by the caller: usable size) holds `size` bytes
+ * now, if its run can grow or shrink in place: into free pages or the
+ * wilderness right after it. False otherwise (the caller moves it). */
+bool arena_resize(void *p, size_t size)
+{
+    arena_t *a = arena_of(p);
+    uint32_t start = page_index(a, p), want = (uint32_t)((size + ARENA_PAGE - 1) >> ARENA_PAGE_SHIFT);
+    bool done = true, trim = false;
+    lane_lock(a->lane);
+    uint32_t have = e_pages(entry(a, start)), end = start + have;
+    if (want < have) { /* the tail goes back */
+        extent_unmark(a, start, have);
+        extent_mark(a, start, want, EXTENT_USED, 0);
+        extent_mark(a, end - (have - want), have - want, EXTENT_USED, 0);
+        trim = arena_give_back(a, end - (have - want), have - want, true);
+    } else if (want > have) { /* the pages after it, taken as a run of their own, join it */
+        uint32_t more = want - have;
+        uint64_t after = end < a->top ? entry(a, end) : 0;
+        size_t stale;
+        if (end == a->top)
+            done = arena_take_wild(a, more, &stale) != 0;
+        else
+            done = e_state(after) == EXTENT_FREE && e_pages(after) >= more && arena_take_from(a, end, more, &stale);
+        if (done) {
+            extent_unmark(a, start, have);
+            extent_unmark(a, end, more);
+            extent_mark(a, start, want, EXTENT_USED, 0);
+        }
+    }
+    if (trim)
+        wilderness_purge(a, a->top + trim_pages() / 2);
+    lane_unlock(a->lane);
+    if (trim || want < have)
+        arena_dirtied();
+    return done;
+}
+
+/* ---- giving pages back ---------------------------------------------------------- */
+
+/* The purger's look at an arena, every purge delay while it holds dirty
+ * pages: free extents it saw dirty at its last look, and still free since
+ * (any merge clears its seen flag), have waited at least a delay and go
+ * back to the OS, at the back of their bin; the others are marked seen.
+ * So do the wilderness's pages above the highest top since the last look
+ * (none of them was handed out for a delay: on a steady churn the top
+ * moves up and down by several MiB, and trimming all of it cost a page
+ * fault per block, docs/benchmarks.md, session 20). With force, every
+ * dirty page goes. True if dirty pages remain. */
+static bool arena_look(arena_t *a, bool force)
+{
+    for (uint32_t page = ARENA_FIRST_PAGE; page < a->top;) {
+        uint64_t e = entry(a, page);
+        uint32_t pages = e_pages(e);
+        hak_assert(e & E_HEAD);
+        if (e_state(e) == EXTENT_FREE && (e & E_DIRTY)) {
+            if (force || (e & E_SEEN)) {
+                os_purge(page_address(a, page), (size_t)pages << ARENA_PAGE_SHIFT);
+                bin_remove(a, page, e);
+                extent_mark(a, page, pages, EXTENT_FREE, 0);
+                bin_insert(a, page, entry(a, page));
+                a->dirty_free_pages -= pages;
+            } else {
+                entry_set(a, page, e | E_SEEN);
+            }
+        }
+        page += pages;
+    }
+    uint32_t unused = force || a->top_high < a->top ? a->top : a->top_high;
+    if (a->dirty_end > unused)
+        wilderness_purge(a, unused);
+    a->top_high = a->top;
+    return a->dirty_free_pages || a->dirty_end > a->top;
+}
+
+/* Purge what has waited out the delay (everything with force, which also
+ * unmaps every empty arena; without it an empty arena goes once purged,
+ * but for its lane's first). Returns when the next look falls due, or 0
+ * if nothing waits. */
+uint64_t arena_purge(bool force)
+{
+    atomic_store_explicit(&arena_purge_wanted, false, memory_order_relaxed);
+    uint64_t now = os_now_ms(), delay = (uint64_t)hak_config.purge_delay_ms, next_due = 0;
+    for (unsigned i = 0; i < lane_count; i++) {
+        lane_t *l = &lanes[i];
+        lane_lock(l);
+        for (arena_t *a = l->arenas, *next; a; a = next) {
+            next = a->next;
+            bool dirty = a->dirty_free_pages || a->dirty_end > a->top;
+            if (dirty && !force && now < a->looked_ms + delay) {
+                next_due = due_earlier(next_due, a->looked_ms + delay);
+                continue;
+            }
+            if (dirty) {
+                a->looked_ms = now;
+                if (arena_look(a, force))
+                    next_due = due_earlier(next_due, now + delay);
+            }
+            if (!a->used_pages && a->dirty_end == a->top && (force || a != l->arenas))
+                arena_unmap(l, a);
+        }
+        lane_unlock(l);
+    }
+    return next_due;
+}
+
+void arena_stats(size_t *arenas, size_t *used_bytes, size_t *free_bytes, size_t *dirty_bytes)
+{
+    size_t count = 0, used = 0, free = 0, dirty = 0;
+    for (unsigned i = 0; i < lane_count; i++) {
+        lane_lock(&lanes[i]);
+        for (arena_t *a = lanes[i].arenas; a; a = a->next) {
+            count++;
+            used += a->used_pages;
+            free += a->free_pages;
+            dirty += a->dirty_free_pages + (a->dirty_end - a->top);
+        }
+        lane_unlock(&lanes[i]);
+    }
+    *arenas = count;
+    *used_bytes = used << ARENA_PAGE_SHIFT;
+    *free_bytes = free << ARENA_PAGE_SHIFT;
+    *dirty_bytes = dirty << ARENA_PAGE_SHIFT;
+}
+
+/* fork: no lane changes hands halfway. */
+void arena_fork_prepare(void)
+{
+    for (unsigned i = 0; i < lane_count; i++)
+        lane_lock(&lanes[i]);
+}
+
+void arena_fork_parent(void)
+{
+    for (unsigned i = 0; i < lane_count; i++)
+        lane_unlock(&lanes[i]);
+}
+
+void arena_fork_child(void) { arena_fork_parent(); }

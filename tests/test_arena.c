@@ -1,0 +1,265 @@
+/* The page arenas (blocks above 64 KiB up to the large threshold, issue
+ * 5): blocks are runs of pages that the stats count, a freed block merges
+ * with its free neighbours and the merged run serves the next fitting
+ * request at the same address, the top of an arena is trimmed at once,
+ * free runs inside go back to the OS after the purge delay, realloc grows
+ * and shrinks in place, aligned requests are served from the arenas, calloc
+ * of reused pages reads zeros, threads free each other's blocks, and
+ * hak_collect(true) unmaps every empty arena. */
+#define _GNU_SOURCE
+#include "check.h"
+#include "hakmem.h"
+#include "rss.h"
+
+#include <malloc.h>
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+static const size_t KiB = 1024, MiB = 1024 * 1024;
+
+static hak_stats_t stats(void)
+{
+    hak_stats_t s;
+    hak_stats_get(&s);
+    return s;
+}
+
+static size_t pages_of(size_t size) { return (size + 4095) & ~(size_t)4095; }
+
+static void fill(char *p, size_t size, int value)
+{
+    for (size_t i = 0; i < size; i += 4096)
+        p[i] = (char)value;
+    p[size - 1] = (char)value;
+}
+
+/* The page starts fill wrote, up to size. */
+static int intact(const char *p, size_t size, int value)
+{
+    for (size_t i = 0; i < size; i += 4096)
+        if (p[i] != (char)value)
+            return 0;
+    return 1;
+}
+
+/* A block is an arena's: counted in its bytes, whole pages. */
+static void test_served(void)
+{
+    size_t before = stats().arena_bytes;
+    char *p = heap_malloc(200000);
+    hak_stats_t s = stats();
+    CHECK(p && hak_owns(p) && hak_owns(p + 199999));
+    CHECK(s.arenas >= 1);
+    CHECK(s.arena_bytes == before + pages_of(200000));
+    CHECK(malloc_usable_size(p) == pages_of(200000));
+    CHECK((uintptr_t)p % 4096 == 0);
+    free(p);
+    CHECK(stats().arena_bytes == before);
+    /* The slab classes end at 64 KiB, the arenas at the large threshold. */
+    char *slab = heap_malloc(64 * KiB);
+    CHECK(stats().arena_bytes == before);
+    free(slab);
+}
+
+/* Two neighbours freed merge; the merged run is the best fit for a block
+ * of both their sizes, and is handed out at the same address. */
+static void test_coalescing(void)
+{
+    char *a = heap_malloc(256 * KiB), *b = heap_malloc(256 * KiB), *c = heap_malloc(256 * KiB);
+    CHECK(b == a + 256 * KiB && c == b + 256 * KiB); /* consecutive pages of the wilderness */
+    free(a);
+    free(b);
+    char *ab = heap_malloc(512 * KiB);
+    CHECK(ab == a);
+    fill(ab, 512 * KiB, 3);
+    fill(c, 256 * KiB, 4);
+    CHECK(intact(ab, 512 * KiB, 3) && intact(c, 256 * KiB, 4));
+    free(ab);
+    free(c);
+}
+
+/* Blocks freed at the top of an arena give their pages back at once,
+ * past the HAKMEM_ARENA_TRIM (32 MiB) the wilderness keeps. */
+static void test_trim(void)
+{
+    enum { N = 56 };
+    char *blocks[N];
+    for (int i = 0; i < N; i++) {
+        blocks[i] = heap_malloc(MiB - 4096);
+        fill(blocks[i], MiB - 4096, i);
+    }
+    size_t full = rss_bytes();
+    for (int i = N; i-- > 0;)
+        free(blocks[i]);
+    size_t after = rss_bytes();
+    CHECK(full - after >= 32 * MiB);
+    CHECK(stats().arena_dirty_bytes <= 32 * MiB);
+}
+
+/* Free runs between live blocks wait for the purger, which gives them
+ * back a delay or two after they were freed, with no call into hakmem. */
+static void test_purge_after_delay(void)
+{
+    enum { N = 16 };
+    char *blocks[N];
+    for (int i = 0; i < N; i++) {
+        blocks[i] = heap_malloc(512 * KiB);
+        fill(blocks[i], 512 * KiB, i);
+    }
+    for (int i = 0; i < N; i += 2)
+        free(blocks[i]);
+    CHECK(stats().arena_dirty_bytes >= N / 2 * 512 * KiB);
+    double start = now_ms();
+    while (stats().arena_dirty_bytes > 0 && now_ms() - start < 10000)
+        usleep(20000);
+    CHECK(stats().arena_dirty_bytes == 0);
+    for (int i = 1; i < N; i += 2) {
+        CHECK(intact(blocks[i], 512 * KiB, i));
+        free(blocks[i]);
+    }
+}
+
+/* realloc: a block at the top grows into the wilderness, one before a
+ * free run into it, and a shrink gives its tail back, all in place. */
+static void test_realloc_in_place(void)
+{
+    char *p = heap_malloc(200 * KiB);
+    fill(p, 200 * KiB, 7);
+    char *q = realloc(p, 400 * KiB);
+    CHECK(q == p && intact(q, 200 * KiB, 7));
+    fill(q, 400 * KiB, 8);
+    char *guard = heap_malloc(100 * KiB); /* right after it */
+    CHECK(guard == p + 400 * KiB);
+    q = realloc(q, 100 * KiB);
+    CHECK(q == p && intact(q, 100 * KiB, 8) && malloc_usable_size(q) == 100 * KiB);
+    char *tail = heap_malloc(300 * KiB); /* the tail given back: the best fit */
+    CHECK(tail == p + 100 * KiB);
+    free(tail);
+    q = realloc(q, 350 * KiB); /* into the free run after it */
+    CHECK(q == p && intact(q, 100 * KiB, 8) && malloc_usable_size(q) == 352 * KiB);
+    char *large = realloc(q, 4 * MiB); /* above the threshold: moves to a mapping of its own */
+    CHECK(large && intact(large, 100 * KiB, 8));
+    free(large);
+    free(guard);
+}
+
+/* Aligned blocks of the arenas' sizes come from the arenas, aligned, with
+ * the pages around them left free. */
+static void test_aligned(void)
+{
+    size_t before = stats().arena_bytes;
+    for (size_t align = 8 * KiB; align <= MiB; align *= 2) {
+        void *p = NULL;
+        CHECK(posix_memalign(&p, align, 300000) == 0);
+        CHECK(p && (uintptr_t)p % align == 0 && hak_owns(p) && malloc_usable_size(p) >= 300000);
+        if (p) {
+            fill(p, 300000, 9);
+            free(p);
+        }
+    }
+    void *small = aligned_alloc(256 * KiB, 100); /* a small size of large alignment */
+    CHECK(small && (uintptr_t)small % (256 * KiB) == 0 && hak_owns(small));
+    CHECK(stats().arena_bytes == before + 4096);
+    free(small);
+    CHECK(stats().arena_bytes == before);
+}
+
+/* calloc of pages another block dirtied reads zeros. */
+static void test_calloc(void)
+{
+    char *p = heap_malloc(500 * KiB);
+    memset(p, 0xAB, 500 * KiB);
+    char *guard = heap_malloc(100 * KiB); /* keeps p's pages off the top: not trimmed */
+    free(p);
+    unsigned char *z = calloc(1, 500 * KiB);
+    CHECK(z == (unsigned char *)p);
+    int zero = 1;
+    for (size_t i = 0; z && i < 500 * KiB; i++)
+        zero &= z[i] == 0;
+    CHECK(zero);
+    free(z);
+    free(guard);
+}
+
+/* Threads allocate from their lanes and free each other's blocks. */
+enum { THREADS = 4, PER_THREAD = 100 };
+static char *handed[THREADS][PER_THREAD];
+static pthread_barrier_t barrier;
+
+static size_t thread_size(int t, int i) { return 65 * KiB + (size_t)((t * 7919 + i * 104729) % 300) * KiB; }
+
+/* Returns how many blocks it found damaged (CHECK's counts are not atomic). */
+static void *thread_main(void *arg)
+{
+    int t = (int)(intptr_t)arg;
+    intptr_t damaged = 0;
+    for (int round = 0; round < 5; round++) {
+        for (int i = 0; i < PER_THREAD; i++) {
+            size_t size = thread_size(t, i);
+            handed[t][i] = malloc(size);
+            fill(handed[t][i], size, t + i);
+        }
+        pthread_barrier_wait(&barrier);
+        int other = (t + 1) % THREADS; /* free the next thread's blocks */
+        for (int i = 0; i < PER_THREAD; i++) {
+            size_t size = thread_size(other, i);
+            damaged += !intact(handed[other][i], size, other + i);
+            free(handed[other][i]);
+        }
+        pthread_barrier_wait(&barrier);
+    }
+    return (void *)damaged;
+}
+
+static void test_threads(void)
+{
+    size_t before = stats().arena_bytes;
+    pthread_t threads[THREADS];
+    pthread_barrier_init(&barrier, NULL, THREADS);
+    for (int t = 0; t < THREADS; t++)
+        pthread_create(&threads[t], NULL, thread_main, (void *)(intptr_t)t);
+    for (int t = 0; t < THREADS; t++) {
+        void *damaged;
+        pthread_join(threads[t], &damaged);
+        CHECK(damaged == NULL);
+    }
+    pthread_barrier_destroy(&barrier);
+    CHECK(stats().arena_bytes == before);
+}
+
+/* A forced collect gives back every free page and unmaps every empty
+ * arena: all but the one holding what was live at start (libstdc++'s
+ * emergency exception pool is 72 KiB). */
+static void test_collect(size_t live_at_start)
+{
+    char *p = heap_malloc(700 * KiB);
+    fill(p, 700 * KiB, 1);
+    free(p);
+    hak_collect(true);
+    hak_stats_t s = stats();
+    bool ok = s.arenas == (live_at_start ? 1 : 0) && s.arena_bytes == live_at_start && s.arena_dirty_bytes == 0;
+    CHECK(ok);
+    if (!ok)
+        fprintf(stderr, "test_arena: %zu arenas, %zu bytes, %zu dirty after collect\n", s.arenas, s.arena_bytes, s.arena_dirty_bytes);
+}
+
+int main(void)
+{
+    setvbuf(stdout, NULL, _IONBF, 0);
+    check_expected_build();
+    size_t live_at_start = stats().arena_bytes;
+    test_served();
+    test_coalescing();
+    test_trim();
+    test_purge_after_delay();
+    test_realloc_in_place();
+    test_aligned();
+    test_calloc();
+    test_threads();
+    test_collect(live_at_start);
+    return check_summary("test_arena");
+}
