@@ -47,8 +47,8 @@ static inline void *hak_alloc_mid(unsigned c, size_t size, uintptr_t site)
     return hak_alloc_mid_slow(c, size, site);
 }
 
-/* A block of the page arenas, from the thread's lane, cleared if asked
- * (only the bytes that may hold old contents). The allocation that ends
+/* A block of the page arenas, from the thread's lane, cleared if asked.
+ * The allocation that ends
  * a sampling interval is the sample, as in the slabs. Where no arena can
  * be mapped (an address-space limit: an arena reserves 64 MiB), the
  * block gets a mapping of its own. */
@@ -59,12 +59,9 @@ static HAK_NOINLINE void *hak_alloc_arena(size_t size, size_t align, uintptr_t s
         return NULL;
     if (unlikely(--heap->sample_left == 0))
         return sample_take_arena(heap, size, align, site, zero);
-    size_t stale;
-    void *p = arena_alloc(size, align, heap->arena_lane, &stale);
+    void *p = arena_alloc(size, align, heap->arena_lane, zero);
     if (unlikely(!p))
         return zero ? large_alloc_zeroed(size, site) : large_alloc(size, align, site, 1);
-    if (zero)
-        memset(p, 0, stale < size ? stale : size);
     return p;
 }
 

@@ -32,6 +32,7 @@
 
 #include <errno.h>
 #include <sched.h>
+#include <string.h>
 
 /* ---- map entries ------------------------------------------------------------- */
 
@@ -318,7 +319,7 @@ static uint32_t arena_hand_out(arena_t *a, uint32_t start, uint32_t pages)
 /* The first `pages` pages of the free extent at start, handed out; the
  * rest stays free, as dirty as it was. *stale: how many of the bytes
  * handed out may hold old contents (calloc clears those; the rest reads
- * as zeros). */
+ * as zeros where purges clear pages, os_purged_pages_read_zero). */
 static uint32_t arena_take_from(arena_t *a, uint32_t start, uint32_t pages, size_t *stale)
 {
     uint64_t e = entry(a, start), dirty = e & E_DIRTY;
@@ -383,11 +384,11 @@ static uint64_t extent_absorb(arena_t *a, uint32_t start)
 /* The used extent at start (pages long) is free: it merges with free
  * neighbours, and into the wilderness if it reaches it. Returns true when
  * the wilderness has more dirty pages than it keeps (the caller trims). */
-static bool arena_give_back(arena_t *a, uint32_t start, uint32_t pages, bool dirty)
+static bool arena_give_back(arena_t *a, uint32_t start, uint32_t pages)
 {
     a->used_pages -= pages;
     extent_unmark(a, start, pages);
-    uint64_t flags = dirty ? E_DIRTY : 0;
+    uint64_t flags = E_DIRTY; /* the block's pages were handed out: resident, maybe */
     if (start > ARENA_FIRST_PAGE) {
         uint64_t before = entry(a, start - 1);
         if (e_state(before) == EXTENT_FREE) {
@@ -425,11 +426,11 @@ static uint32_t arena_align_run(arena_t *a, uint32_t start, uint32_t pages, uint
     extent_mark(a, aligned, pages, EXTENT_USED, 0);
     if (trail) {
         extent_mark(a, aligned + pages, trail, EXTENT_USED, 0);
-        arena_give_back(a, aligned + pages, trail, true);
+        arena_give_back(a, aligned + pages, trail);
     }
     if (lead) {
         extent_mark(a, start, lead, EXTENT_USED, 0);
-        arena_give_back(a, start, lead, true);
+        arena_give_back(a, start, lead);
     }
     return aligned;
 }
@@ -447,29 +448,37 @@ static void arena_dirtied(void)
     }
 }
 
-void *arena_alloc(size_t size, size_t align, unsigned lane_index, size_t *stale)
+/* A block of `size` bytes aligned to align (a power of two), zeroed if
+ * asked: only the bytes that may hold old contents are cleared (pages new
+ * to the arena, or purged with MADV_DONTNEED, read as zeros). */
+void *arena_alloc(size_t size, size_t align, unsigned lane_index, bool zero)
 {
     uint32_t pages = size ? (uint32_t)((size + ARENA_PAGE - 1) >> ARENA_PAGE_SHIFT) : 1;
     uint32_t align_pages = align > ARENA_PAGE ? (uint32_t)(align >> ARENA_PAGE_SHIFT) : 1;
     uint32_t want = pages + align_pages - 1;
     lane_t *l = &lanes[lane_index];
+    size_t stale = 0;
     for (int attempt = 0; attempt < 2; attempt++) {
         lane_lock(l);
         /* Free runs of every arena before any wilderness, a new arena last. */
         arena_t *a;
         uint32_t start = 0;
-        for (a = l->arenas; a && !(start = arena_take_free(a, want, stale)); a = a->next)
+        for (a = l->arenas; a && !(start = arena_take_free(a, want, &stale)); a = a->next)
             ;
         if (!start)
-            for (a = l->arenas; a && !(start = arena_take_wild(a, want, stale)); a = a->next)
+            for (a = l->arenas; a && !(start = arena_take_wild(a, want, &stale)); a = a->next)
                 ;
         if (!start && (a = arena_new(l)) != NULL)
-            start = arena_take_wild(a, want, stale);
+            start = arena_take_wild(a, want, &stale);
         if (start && align_pages > 1)
             start = arena_align_run(a, start, pages, align_pages);
         lane_unlock(l);
-        if (start)
-            return page_address(a, start);
+        if (start) {
+            char *p = page_address(a, start);
+            if (zero)
+                memset(p, 0, stale < size && os_purged_pages_read_zero() ? stale : size);
+            return p;
+        }
         if (attempt || !hak_release_caches())
             break;
     }
@@ -519,7 +528,7 @@ void arena_free(void *p, const char *op)
     uint32_t start;
     lane_lock(l);
     const char *fault = block_fault(a, p, &start);
-    if (!fault && arena_give_back(a, start, e_pages(entry(a, start)), true))
+    if (!fault && arena_give_back(a, start, e_pages(entry(a, start))))
         wilderness_purge(a, a->top + trim_pages() / 2);
     lane_unlock(l);
     if (fault)
@@ -566,7 +575,7 @@ bool arena_resize(void *p, size_t size)
         extent_unmark(a, start, have);
         extent_mark(a, start, want, EXTENT_USED, 0);
         extent_mark(a, end - (have - want), have - want, EXTENT_USED, 0);
-        trim = arena_give_back(a, end - (have - want), have - want, true);
+        trim = arena_give_back(a, end - (have - want), have - want);
     } else if (want > have) { /* the pages after it, taken as a run of their own, join it */
         uint32_t more = want - have;
         uint64_t after = end < a->top ? entry(a, end) : 0;

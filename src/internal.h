@@ -534,7 +534,7 @@ void purger_fork_child(void);
 
 void arena_init(void);
 unsigned arena_lane_next(void);
-void *arena_alloc(size_t size, size_t align, unsigned lane, size_t *stale);
+void *arena_alloc(size_t size, size_t align, unsigned lane, bool zero);
 void arena_free(void *p, const char *op);
 size_t arena_usable_size(const void *p, const char *op);
 bool arena_resize(void *p, size_t size);
@@ -759,6 +759,7 @@ void *os_map_aligned_at(size_t size, size_t align, size_t offset);
 void *os_remap_aligned(void *p, size_t old_size, size_t new_size, size_t align);
 void os_unmap(void *p, size_t size);
 void os_purge(void *p, size_t size);
+bool os_purged_pages_read_zero(void);
 void os_prefault(void *p, size_t size);
 void os_protect(void *p, size_t size, bool accessible);
 extern bool hak_claims_on; /* os_membarrier works: caches of other threads can be claimed */

@@ -80,7 +80,7 @@ static void *large_reuse(size_t size, size_t align, uintptr_t site, uint32_t wei
     h->magic = LARGE_MAGIC;
     char *header_page_end = (char *)h + os_page_size();
     *stale = h->usable;
-    if (h->purged && hak_config.purge_advice == PURGE_DONTNEED)
+    if (h->purged && os_purged_pages_read_zero())
         *stale = h->user < header_page_end ? (size_t)(header_page_end - h->user) : 0;
     return large_born(h, size, site, weight, h->purged, true, start);
 }

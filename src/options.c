@@ -51,7 +51,7 @@ static option_t options[] = {
      "Blocks above this size get their own mapping; those above 64K up to it are runs of pages in the page arenas. A power of two from 64K (no arenas) to 2M.",
      &hak_config.large_threshold, 64 << 10, 2 << 20, {0}},
     {"HAKMEM_PURGE_DELAY_MS", OPT_INT, "100",
-     "Free slab pages and the pages of large blocks held by BigCache are returned to the OS (MADV_DONTNEED) once they have been free this long; 0 purges at once. Also how long an exited thread's heap waits for a new thread before a live one absorbs it or the purger drains what others freed into it.",
+     "Free slab pages, the pages of large blocks held by BigCache and the free pages of the page arenas are returned to the OS (MADV_DONTNEED) once they have been free this long; 0 purges at once. Also how long an exited thread's heap waits for a new thread before a live one absorbs it or the purger drains what others freed into it.",
      &hak_config.purge_delay_ms, 0, 3600000, {0}},
     {"HAKMEM_PURGE_THREAD", OPT_BOOL, "1",
      "Purge from a background thread (started the first time pages wait for a purge), so that memory goes back while the program sleeps; 0 purges inside allocator calls only.",

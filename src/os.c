@@ -164,6 +164,10 @@ void os_purge(void *p, size_t size)
     errno = saved;
 }
 
+/* Whether purged pages read back as zeros (MADV_DONTNEED): with MADV_FREE
+ * they may keep their old contents until the kernel takes them. */
+bool os_purged_pages_read_zero(void) { return hak_config.purge_advice == PURGE_DONTNEED; }
+
 #ifndef MADV_POPULATE_WRITE
 #define MADV_POPULATE_WRITE 23 /* Linux 5.14 */
 #endif

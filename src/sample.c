@@ -305,12 +305,9 @@ void *sample_fast_hit(heap_t *heap, unsigned c, void *b, size_t size, uintptr_t 
 void *sample_take_arena(heap_t *heap, size_t size, size_t align, uintptr_t site, bool zero)
 {
     uint32_t weight = sample_interval_end(heap);
-    size_t stale;
     uint64_t start = hak_ticks();
-    void *p = arena_alloc(size, align, heap->arena_lane, &stale);
+    void *p = arena_alloc(size, align, heap->arena_lane, zero);
     uint64_t ticks = hak_ticks() - start;
-    if (p && zero)
-        memset(p, 0, stale < size ? stale : size);
     if (!hak_config.profile || !p)
         return p;
     kpi_record_latency(ticks, weight);

@@ -241,7 +241,9 @@ static double now_s(void)
 }
 
 /* Keep `threads` workers running until `seconds` have passed, replacing
- * each as it exits; on_tick runs about every 100 ms. Returns lives run. */
+ * each as it exits, and at least until one has been replaced (a loaded
+ * machine, or valgrind, may take longer than `seconds` for one life);
+ * on_tick runs about every 100 ms. Returns lives run. */
 static unsigned run_workers(double seconds, unsigned threads, unsigned slots, uint64_t ops,
                             void (*on_tick)(double elapsed))
 {
@@ -256,7 +258,7 @@ static unsigned run_workers(double seconds, unsigned threads, unsigned slots, ui
     }
     for (;;) {
         double t = now_s();
-        bool more = t - start < seconds;
+        bool more = t - start < seconds || lives == threads;
         for (unsigned i = 0; i < threads; i++)
             if (atomic_load(&w[i].done) && w[i].ops) {
                 pthread_join(w[i].thread, NULL);
@@ -289,7 +291,6 @@ static int stress(double seconds, unsigned threads)
     exchange_drain();
     printf("test_stress: %llu operations, %u thread lives (%u at a time), %.1f s\n",
            (unsigned long long)atomic_load(&ops_done), lives, threads, now_s() - start);
-    CHECK(lives > threads); /* threads exited and were replaced */
     CHECK(atomic_load(&bad_blocks) == 0);
     CHECK(atomic_load(&foreign_blocks) == 0);
     return check_summary("test_stress stress");
