@@ -368,8 +368,8 @@ static uint32_t arena_take_wild(arena_t *a, uint32_t pages, size_t *stale)
 }
 
 /* The free extent at start leaves its bin to merge with a block being
- * freed next to it; returns its dirty flag. */
-static uint64_t extent_absorb(arena_t *a, uint32_t start)
+ * freed next to it. */
+static void extent_absorb(arena_t *a, uint32_t start)
 {
     uint64_t head = entry(a, start);
     uint32_t pages = e_pages(head);
@@ -378,23 +378,24 @@ static uint64_t extent_absorb(arena_t *a, uint32_t start)
     a->free_pages -= pages;
     if (head & E_DIRTY)
         a->dirty_free_pages -= pages;
-    return head & E_DIRTY;
 }
 
 /* The used extent at start (pages long) is free: it merges with free
- * neighbours, and into the wilderness if it reaches it. Returns true when
- * the wilderness has more dirty pages than it keeps (the caller trims). */
+ * neighbours, and into the wilderness if it reaches it. The merged extent
+ * is dirty (the block's pages were handed out: resident, maybe), a purged
+ * neighbour included, which the purger's next madvise covers again.
+ * Returns true when the wilderness has more dirty pages than it keeps
+ * (the caller trims). */
 static bool arena_give_back(arena_t *a, uint32_t start, uint32_t pages)
 {
     a->used_pages -= pages;
     extent_unmark(a, start, pages);
-    uint64_t flags = E_DIRTY; /* the block's pages were handed out: resident, maybe */
     if (start > ARENA_FIRST_PAGE) {
         uint64_t before = entry(a, start - 1);
         if (e_state(before) == EXTENT_FREE) {
             start -= e_pages(before);
             pages += e_pages(before);
-            flags |= extent_absorb(a, start);
+            extent_absorb(a, start);
         }
     }
     uint32_t end = start + pages;
@@ -405,13 +406,12 @@ static bool arena_give_back(arena_t *a, uint32_t start, uint32_t pages)
     uint64_t after = entry(a, end);
     if (e_state(after) == EXTENT_FREE) {
         pages += e_pages(after);
-        flags |= extent_absorb(a, end);
+        extent_absorb(a, end);
     }
-    extent_mark(a, start, pages, EXTENT_FREE, flags);
+    extent_mark(a, start, pages, EXTENT_FREE, E_DIRTY);
     bin_insert(a, start, entry(a, start));
     a->free_pages += pages;
-    if (flags)
-        a->dirty_free_pages += pages;
+    a->dirty_free_pages += pages;
     return false;
 }
 
