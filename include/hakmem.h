@@ -89,7 +89,7 @@ typedef struct hak_stats {
     uint64_t tuner_windows;    /* windows judged so far */
     uint64_t tuner_moves;      /* threshold moves made */
     bool hardened;             /* the hardened build (libhakmem-secure, HAKMEM_SECURE) */
-    size_t arenas;             /* 64 MiB page arenas (blocks above 64 KiB up to the large threshold) */
+    size_t arenas;             /* 64 MiB page arenas (blocks above 16 KiB up to the large threshold) */
     size_t arena_bytes;        /* bytes in arena blocks handed out (whole pages) */
     size_t arena_free_bytes;   /* free pages between them */
     size_t arena_dirty_bytes;  /* free pages, or freed wilderness, that may be resident: awaiting a purge */

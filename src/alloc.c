@@ -47,11 +47,11 @@ static inline void *hak_alloc_mid(unsigned c, size_t size, uintptr_t site)
     return hak_alloc_mid_slow(c, size, site);
 }
 
-/* A block of the page arenas, from the thread's lane, cleared if asked.
+/* A block of the page arenas from the thread's lane, cleared if asked.
  * The allocation that ends a sampling interval is the sample, as in the
  * slabs. Where no arena can be mapped (an address-space limit: an arena
  * reserves 64 MiB), the block gets a mapping of its own. */
-static HAK_NOINLINE void *hak_alloc_arena(size_t size, size_t align, uintptr_t site, bool zero)
+static HAK_NOINLINE void *hak_alloc_arena_slow(size_t size, size_t align, uintptr_t site, bool zero)
 {
     heap_t *heap = heap_get();
     if (unlikely(heap == &hak_empty_heap) && !(heap = heap_thread_init()))
@@ -62,6 +62,23 @@ static HAK_NOINLINE void *hak_alloc_arena(size_t size, size_t align, uintptr_t s
     if (unlikely(!p))
         return zero ? large_alloc_zeroed(size, site) : large_alloc(size, align, site, 1);
     return p;
+}
+
+/* A block of the page arenas, from the thread's front if it holds one of
+ * that many pages (not the sample, not in hak_empty_heap, whose
+ * sample_left is 0 and whose front must stay empty): as for the mid
+ * caches, the rest is out of line so that the pop needs no stack frame. */
+static inline void *hak_alloc_arena(size_t size, size_t align, uintptr_t site, bool zero)
+{
+    heap_t *heap = heap_get();
+    if (!align && likely(heap->sample_left > 1)) {
+        void *b = arena_front_take(heap, size);
+        if (likely(b != NULL)) {
+            heap->sample_left--;
+            return zero ? memset(b, 0, size) : b;
+        }
+    }
+    return hak_alloc_arena_slow(size, align, site, zero);
 }
 
 void *hak_alloc_slow_size(size_t size, uintptr_t site)
@@ -116,7 +133,7 @@ void hak_free_slow(void *p, const char *op)
     } else if (kind == SEG_SUPERSLAB)
         hak_free_irregular(slab_of(superslab_of(p), p), p, op);
     else if (kind == SEG_ARENA)
-        arena_free(p, op);
+        arena_front_free(p, op);
     else if (kind == SEG_SAMPLED)
         sample_free(p, op);
     else
@@ -309,9 +326,9 @@ void *hak_realloc_impl(void *p, size_t size, uintptr_t site)
 /* align is a power of two. Slab blocks of a size that is a multiple of
  * align are naturally aligned (slabs start on 64 KiB); otherwise the block
  * is over-allocated and its slab marked so that free finds the block
- * start. Above, the page arenas align a run of pages (the pages before and
- * after it stay free), up to the large threshold; the large tier aligns
- * the rest. */
+ * start. Above, or where the padding would leave the slab classes, the
+ * page arenas align a run of pages (the pages before and after it stay
+ * free), up to the large threshold; the large tier aligns the rest. */
 void *hak_alloc_aligned(size_t align, size_t size, uintptr_t site)
 {
     hak_ensure_init(); /* the class tables below must be filled */
@@ -335,7 +352,7 @@ void *hak_alloc_aligned(size_t align, size_t size, uintptr_t site)
             return aligned;
         }
     }
-    if (size_in_arenas(natural))
+    if (natural <= hak_large_threshold()) /* the arenas', or a slab block too small to pad */
         return hak_alloc_arena(size, align, site, false);
     return large_alloc(size, align, site, 1);
 }

@@ -1,4 +1,4 @@
-/* Page arenas: the blocks above the slab classes (64 KiB) up to the large
+/* Page arenas: the blocks above the slab classes (16 KiB) up to the large
  * threshold, as runs of 4 KiB pages ("extents") in 64 MiB arenas.
  *
  * Why not slabs: blocks of 64 KiB to 2 MiB, of many sizes, in page
@@ -52,6 +52,7 @@ enum extent_state { EXTENT_NONE, EXTENT_USED, EXTENT_FREE };
 #define E_NEXT_SHIFT 20
 #define E_PREV_SHIFT 34
 #define E_LINK_MASK ((uint64_t)0x3fff)
+#define E_USED_HEAD (E_HEAD | ((uint64_t)EXTENT_USED << E_STATE_SHIFT))
 
 _Static_assert(ARENA_PAGES - 1 <= E_LINK_MASK && ARENA_PAGES <= E_PAGES_MASK, "page indexes fit the links");
 
@@ -144,6 +145,7 @@ void arena_init(void)
     cpu_set_t cpus;
     int count = sched_getaffinity(0, sizeof cpus, &cpus) == 0 ? CPU_COUNT(&cpus) : 1;
     lane_count = count < 1 ? 1 : count > ARENA_LANES_MAX ? ARENA_LANES_MAX : (unsigned)count;
+    arena_front_secret = os_random();
 }
 
 unsigned arena_lane_next(void) { return atomic_fetch_add_explicit(&next_lane, 1, memory_order_relaxed) % lane_count; }
@@ -510,7 +512,7 @@ static const char *block_fault(arena_t *a, const void *p, uint32_t *start)
     uint64_t e = ((uintptr_t)p & (ARENA_PAGE - 1)) || page >= a->top ? 0 : entry(a, page);
     *start = page;
     if ((e & E_HEAD) && e_state(e) == EXTENT_USED)
-        return NULL;
+        return arena_block_in_front(p) ? "double free (the block waits in a thread's front)" : NULL;
     if ((e & E_HEAD) && e_state(e) == EXTENT_FREE)
         return "double free";
     uint32_t head = extent_containing(a, page);
@@ -556,7 +558,7 @@ bool arena_owns(const void *p)
     arena_t *a = arena_of(p);
     lane_lock(a->lane);
     uint32_t head = extent_containing(a, page_index(a, p));
-    bool owned = head && e_state(entry(a, head)) == EXTENT_USED;
+    bool owned = head && e_state(entry(a, head)) == EXTENT_USED && !arena_block_in_front(page_address(a, head));
     lane_unlock(a->lane);
     return owned;
 }
@@ -598,6 +600,96 @@ bool arena_resize(void *p, size_t size)
     return done;
 }
 
+/* ---- the threads' fronts ---------------------------------------------------------- */
+
+/* Each thread's front to the page arenas: the arena blocks of up to
+ * 64 KiB it freed, by page count, which its next mallocs of that many
+ * pages take back without the lane lock and while their lines are still
+ * in the cache (bench mid, blocks of 1..64 KiB: 31 Mops/s with every block
+ * of 16-64 KiB through the lane, docs/benchmarks.md, session 21). The
+ * malloc side is arena_front_take (internal.h), inline in the allocation
+ * path.
+ *
+ * A bin keeps as many blocks as its thread's mallocs asked for: its limit
+ * grows by one each time a malloc finds it empty, up to
+ * ARENA_FRONT_BIN_BYTES, so a thread that only frees (a consumer of
+ * another's blocks) keeps nothing. The purger empties a front a purge
+ * delay after the first free into it, with the mid caches and under the
+ * same claim (heap_mid_enter), and its limits start over; a collect or the
+ * thread's exit empties it at once. Blocks in a front stay handed out in
+ * their arena and carry the fronts' mark (arena_block_in_front): a second
+ * free of one is a double free, and hak_owns denies it. */
+uintptr_t arena_front_secret;
+
+/* Hardened: b, met on a front's list of blocks of `pages` pages, must be
+ * such a block; a link that a write after free changed stops the program
+ * before it is followed. */
+void arena_front_check(const void *b, uint32_t pages)
+{
+    if (segmap_kind(b) != SEG_ARENA || ((uintptr_t)b & (ARENA_PAGE - 1)))
+        hak_free_list_corrupt(b);
+    arena_t *a = arena_of(b);
+    uint64_t e = entry(a, page_index(a, b));
+    if ((e & (E_HEAD | E_STATE_MASK)) != E_USED_HEAD || e_pages(e) != pages || !arena_block_in_front(b))
+        hak_free_list_corrupt(b);
+}
+
+/* p, inside a page arena, joins the calling thread's front if it starts
+ * a block handed out (not in a front) of a front's size and its bin has
+ * room. A block's head entry changes only when the block does (handed
+ * out, freed, resized), so the thread freeing it reads it without the
+ * lane lock. */
+static inline bool front_push(void *p)
+{
+    /* Without claims (no membarrier) the purger could not empty a front:
+     * none, as no mid cache. */
+    if (((uintptr_t)p & (ARENA_PAGE - 1)) || !hak_claims_on)
+        return false;
+    arena_t *a = arena_of(p);
+    uint64_t e = entry(a, page_index(a, p));
+    uint32_t pages = e_pages(e);
+    if ((e & (E_HEAD | E_STATE_MASK)) != E_USED_HEAD || pages < ARENA_FRONT_MIN_PAGES ||
+        pages > ARENA_FRONT_MAX_PAGES || arena_block_in_front(p))
+        return false;
+    heap_t *heap = heap_get(); /* hak_empty_heap: no limit above 0 */
+    if (!heap_mid_enter(heap))
+        return false;
+    arena_front_t *f = &heap->arena_front;
+    unsigned bin = pages - ARENA_FRONT_MIN_PAGES;
+    bool kept = f->count[bin] < f->limit[bin];
+    if (kept) {
+        uintptr_t *b = p; /* marked first: a fork before the push loses it in the child */
+        b[1] = arena_front_mark(b);
+        atomic_signal_fence(memory_order_seq_cst);
+        b[0] = (uintptr_t)f->blocks[bin];
+        f->blocks[bin] = b;
+        f->count[bin]++;
+    }
+    heap_mid_leave(heap);
+    if (kept && !atomic_load_explicit(&heap->mid_cached, memory_order_relaxed))
+        heap_mid_cached(heap);
+    return kept;
+}
+
+/* p, inside a page arena, goes to the calling thread's front, or else
+ * arena_free takes it or says what is wrong with it. */
+void arena_front_free(void *p, const char *op)
+{
+    if (!front_push(p))
+        arena_free(p, op);
+}
+
+/* Every block of heap's front goes back to its arena, and the limits
+ * start over. By the owner, or by the purger under its claim. */
+void arena_front_flush(heap_t *heap)
+{
+    arena_front_t *f = &heap->arena_front;
+    for (unsigned bin = 0; bin < ARENA_FRONT_BINS; bin++)
+        while (f->blocks[bin])
+            arena_free(arena_front_pop(f, bin), "free");
+    memset(f, 0, sizeof *f);
+}
+
 /* ---- giving pages back ---------------------------------------------------------- */
 
 /* The purger's look at an arena, every purge delay while it holds dirty
@@ -635,6 +727,31 @@ static bool arena_look(arena_t *a, bool force)
     return a->dirty_free_pages || a->dirty_end > a->top;
 }
 
+/* The purger's pass over one lane (see arena_purge); all: every dirty
+ * page goes, unmap_all: every empty arena. */
+static uint64_t lane_purge(lane_t *l, bool all, bool unmap_all)
+{
+    uint64_t now = os_now_ms(), delay = (uint64_t)hak_config.purge_delay_ms, next_due = 0;
+    lane_lock(l);
+    for (arena_t *a = l->arenas, *next; a; a = next) {
+        next = a->next;
+        bool dirty = a->dirty_free_pages || a->dirty_end > a->top;
+        if (dirty && !all && now < a->looked_ms + delay) {
+            next_due = due_earlier(next_due, a->looked_ms + delay);
+            continue;
+        }
+        if (dirty) {
+            a->looked_ms = now;
+            if (arena_look(a, all))
+                next_due = due_earlier(next_due, now + delay);
+        }
+        if (!a->used_pages && a->dirty_end == a->top && (unmap_all || a != l->arenas))
+            arena_unmap(l, a);
+    }
+    lane_unlock(l);
+    return next_due;
+}
+
 /* Purge what has waited out the delay (everything with force, which also
  * unmaps every empty arena; without it an empty arena goes once purged,
  * but for its lane's first). Returns when the next look falls due, or 0
@@ -642,29 +759,17 @@ static bool arena_look(arena_t *a, bool force)
 uint64_t arena_purge(bool force)
 {
     atomic_store_explicit(&arena_purge_wanted, false, memory_order_relaxed);
-    uint64_t now = os_now_ms(), delay = (uint64_t)hak_config.purge_delay_ms, next_due = 0;
-    for (unsigned i = 0; i < lane_count; i++) {
-        lane_t *l = &lanes[i];
-        lane_lock(l);
-        for (arena_t *a = l->arenas, *next; a; a = next) {
-            next = a->next;
-            bool dirty = a->dirty_free_pages || a->dirty_end > a->top;
-            if (dirty && !force && now < a->looked_ms + delay) {
-                next_due = due_earlier(next_due, a->looked_ms + delay);
-                continue;
-            }
-            if (dirty) {
-                a->looked_ms = now;
-                if (arena_look(a, force))
-                    next_due = due_earlier(next_due, now + delay);
-            }
-            if (!a->used_pages && a->dirty_end == a->top && (force || a != l->arenas))
-                arena_unmap(l, a);
-        }
-        lane_unlock(l);
-    }
+    uint64_t next_due = 0;
+    for (unsigned i = 0; i < lane_count; i++)
+        next_due = due_earlier(next_due, lane_purge(&lanes[i], force, force));
     return next_due;
 }
+
+/* A thread exits, and no new one is taking exited ones' heaps: the dirty
+ * pages of its lane go back now, as its slabs' free pages do (the blocks
+ * it freed last are there; a thread that comes back will fault its pages
+ * in again, so not where threads come and go). */
+void arena_purge_lane(unsigned lane) { lane_purge(&lanes[lane], true, false); }
 
 void arena_stats(size_t *arenas, size_t *used_bytes, size_t *free_bytes, size_t *dirty_bytes)
 {

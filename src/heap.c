@@ -767,14 +767,16 @@ static void slab_purge_free_blocks(slab_t *s)
 }
 
 /* Everything the heap holds and does not use goes back: cached blocks to
- * their slabs, empty slabs to their SuperSlabs, empty SuperSlabs to the
- * pool (unmapped beyond the reserve now with unmap_now, else after the
- * purge delay), and the pages inside free mid blocks to the OS. */
+ * their slabs or arenas, empty slabs to their SuperSlabs, empty
+ * SuperSlabs to the pool (unmapped beyond the reserve now with unmap_now,
+ * else after the purge delay), and the pages inside free mid blocks to
+ * the OS. */
 void heap_collect(heap_t *heap, bool unmap_now)
 {
     if (heap == &hak_empty_heap)
         return;
     heap_enter_lists(heap);
+    arena_front_flush(heap);
     for (unsigned c = 0; c < CLASS_COUNT; c++) {
         heap_take_class(heap, heap, c);
         slab_t *first = heap->owned[c], *s = first;
@@ -798,10 +800,13 @@ void heap_mid_wait(heap_t *heap)
 }
 
 /* The first free to a mid cache since the purger last flushed the heap's:
- * the purger flushes them a purge delay later. */
+ * the purger flushes them a purge delay later. Timed here, not when the
+ * purger first looks: without the thread the next look may come much
+ * later, and the blocks then wait out a second delay in their arena. */
 void heap_mid_cached(heap_t *heap)
 {
-    atomic_store_explicit(&heap->mid_cached, true, memory_order_relaxed);
+    atomic_store_explicit(&heap->mid_cached_ms, os_now_ms(), memory_order_relaxed);
+    atomic_store_explicit(&heap->mid_cached, true, memory_order_release);
     purger_notify();
 }
 
@@ -821,9 +826,11 @@ static void slab_forget_blocks(slab_t *s)
 
 /* Under the claim: the mid caches go back to their slabs, with what other
  * threads freed into them; an emptied slab forgets its blocks, and the
- * pages inside the free blocks of the others go back to the OS. */
+ * pages inside the free blocks of the others go back to the OS. The
+ * front to the page arenas empties too. */
 static void heap_flush_mid_caches(heap_t *heap)
 {
+    arena_front_flush(heap);
     for (unsigned c = TINY_CLASSES; c < CLASS_COUNT; c++) {
         slab_t *s = heap->cur[c];
         if (!s || !slab_caches_frees(c) ||
@@ -851,7 +858,7 @@ static bool heap_claim_mid(heap_t *heap)
 }
 
 /* A thread's mid caches hold its freed blocks and pin their slabs (up to
- * one slab per class, about 8 MiB if every class of 1-64 KiB is in use):
+ * one slab per class, about 2.5 MiB if every class of 1-16 KiB is in use):
  * they are flushed a purge delay after the first free into them, whether
  * the thread sleeps or runs (a running one refills from its slabs at
  * once, ten times a second at most), every thread's at once with all.
@@ -864,12 +871,11 @@ uint64_t heaps_flush_mid(bool all)
     uint64_t now = os_now_ms(), delay = (uint64_t)hak_config.purge_delay_ms, due = 0;
     pthread_mutex_lock(&heaps_lock);
     for (heap_t *h = all_heaps; h; h = h->next_all) {
-        if (h->state != HEAP_LIVE || !atomic_load_explicit(&h->mid_cached, memory_order_relaxed))
+        if (h->state != HEAP_LIVE || !atomic_load_explicit(&h->mid_cached, memory_order_acquire))
             continue;
-        if (!h->mid_cached_ms)
-            h->mid_cached_ms = now;
-        if (!all && now < h->mid_cached_ms + delay) {
-            due = due_earlier(due, h->mid_cached_ms + delay);
+        uint64_t since = atomic_load_explicit(&h->mid_cached_ms, memory_order_relaxed);
+        if (!all && now < since + delay) {
+            due = due_earlier(due, since + delay);
             continue;
         }
         if (!heap_claim_mid(h)) {
@@ -877,7 +883,6 @@ uint64_t heaps_flush_mid(bool all)
             continue;
         }
         heap_flush_mid_caches(h);
-        h->mid_cached_ms = 0;
         atomic_store_explicit(&h->mid_cached, false, memory_order_relaxed);
         atomic_store_explicit(&h->mid_claimed, false, memory_order_release);
     }
@@ -1004,15 +1009,19 @@ static bool threads_recycled(void)
  * since the next thread will take them: unmapped at each exit, they were
  * mapped and faulted in again by the next thread (bench_threads churn 4:
  * 9,000 faults and 33 Mops/s, against 4,500 and 48). Otherwise those
- * beyond the reserve are unmapped now: threads that do not come back (a
- * pool that finished its work) leave nothing behind. */
+ * beyond the reserve are unmapped now, and the dirty pages of the
+ * thread's arena lane purged: threads that do not come back (a pool that
+ * finished its work) leave nothing behind. */
 static void heap_thread_exit(void *arg)
 {
     heap_t *h = arg;
     if (h != hak_tl_heap)
         return;
     bigcache_thread_exit();
-    heap_collect(h, !threads_recycled());
+    bool recycled = threads_recycled();
+    heap_collect(h, !recycled);
+    if (!recycled)
+        arena_purge_lane(h->arena_lane);
     hak_tl_heap = &hak_empty_heap;
     pthread_mutex_lock(&heaps_lock);
     heap_push_orphan_locked(h);
@@ -1041,6 +1050,7 @@ static bool heap_absorb_orphan(heap_t *heap, uint64_t orphaned_before_ms)
     superslab_adopt_all(heap, o); /* first: slabs are released into their owner's SuperSlabs */
     for (unsigned c = 0; c < CLASS_COUNT; c++)
         heap_take_class(heap, o, c); /* a heap orphaned by fork may hold a cache */
+    arena_front_flush(o);            /* and a front */
     heap_release_spares(heap, o);
     pthread_mutex_lock(&heaps_lock);
     atomic_store_explicit(&o->in_slow, 0, memory_order_relaxed);

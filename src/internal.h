@@ -24,6 +24,7 @@
 #define HAK_HOT __attribute__((aligned(64)))
 #define HAK_TLS __attribute__((tls_model("initial-exec"))) __thread
 
+void hak_assert_fail(const char *cond, const char *file, int line) __attribute__((noreturn));
 #ifdef HAKMEM_DEBUG
 #define hak_assert(c) ((c) ? (void)0 : hak_assert_fail(#c, __FILE__, __LINE__))
 #else
@@ -65,13 +66,16 @@ enum seg_kind {
 /* Tiny: 16 B steps to 1 KiB (64 classes; 16 B granularity keeps rounding
  * waste near glibc's, and 16 B blocks leave room for the free mark). Mid:
  * 8 classes per doubling above 1 KiB (at most 12.5% rounding waste) up to
- * 64 KiB. Larger blocks up to the large threshold are runs of pages in
- * the page arenas (arena.c). */
+ * 16 KiB. Larger blocks up to the large threshold are runs of 4 KiB pages
+ * in the page arenas (arena.c): less than a page of slack, which is
+ * jemalloc's 4 classes per doubling from 16 KiB and 8 from 32 KiB; a
+ * class of its own per size left about 3 free blocks per class in slabs
+ * on bench rss-time (docs/benchmarks.md, session 21). */
 #define TINY_MAX 1024
 #define TINY_CLASSES 64
 #define MID_CLASSES_PER_DOUBLING 8
 #define MID_MIN_SHIFT 10 /* 1 KiB */
-#define MID_MAX_SHIFT 16 /* 64 KiB */
+#define MID_MAX_SHIFT 14 /* 16 KiB */
 #define SLAB_CLASS_MAX ((size_t)1 << MID_MAX_SHIFT)
 #define CLASS_COUNT (TINY_CLASSES + (MID_MAX_SHIFT - MID_MIN_SHIFT) * MID_CLASSES_PER_DOUBLING)
 
@@ -377,6 +381,29 @@ typedef struct bigcache_front {
     _Atomic bool claimed;      /* a claimer is taking the block: the owner keeps off */
 } bigcache_front_t;
 
+/* The page arenas (arena.c): 64 MiB arenas, aligned to their size, of
+ * 4 KiB pages (whatever the system's page size, which must divide it). */
+#define ARENA_SHIFT 26
+#define ARENA_SIZE ((size_t)1 << ARENA_SHIFT)
+#define ARENA_MASK (ARENA_SIZE - 1)
+#define ARENA_PAGE_SHIFT 12
+#define ARENA_PAGE ((size_t)1 << ARENA_PAGE_SHIFT)
+#define ARENA_PAGES ((uint32_t)(ARENA_SIZE >> ARENA_PAGE_SHIFT))
+
+/* A heap's front to the page arenas (arena.c, "the threads' fronts"): the
+ * arena blocks of up to 64 KiB its thread freed, by page count, for its
+ * next mallocs of that many pages; the owner's under its mid mark
+ * (heap_mid_enter). A bin holds up to ARENA_FRONT_BIN_BYTES. */
+#define ARENA_FRONT_MIN_PAGES ((uint32_t)(SLAB_CLASS_MAX >> ARENA_PAGE_SHIFT) + 1)
+#define ARENA_FRONT_MAX_PAGES 16u
+#define ARENA_FRONT_BINS (ARENA_FRONT_MAX_PAGES - ARENA_FRONT_MIN_PAGES + 1)
+#define ARENA_FRONT_BIN_BYTES ((size_t)512 << 10)
+typedef struct arena_front {
+    void *blocks[ARENA_FRONT_BINS]; /* linked through their first word */
+    uint8_t count[ARENA_FRONT_BINS];
+    uint8_t limit[ARENA_FRONT_BINS]; /* grows by one each time a malloc finds the bin empty */
+} arena_front_t;
+
 /* *counter += n with a relaxed load and store, no locked instruction: on
  * x86 each of those waits for the stores before it to drain. Exact where
  * one thread writes the counter (a heap's own counts); where several may
@@ -443,9 +470,10 @@ typedef struct heap {
     _Atomic bool mid_busy;     /* the owner is in a mid malloc or a free to the cache */
     _Atomic bool mid_claimed;  /* the purger flushes the mid caches: the owner keeps off */
     _Atomic bool mid_cached;   /* a free went to a mid cache since the purger last flushed them */
-    uint64_t mid_cached_ms;    /* when the purger first saw mid_cached set (under heaps_lock), or 0 */
+    _Atomic uint64_t mid_cached_ms; /* when mid_cached was last set */
     uint64_t slab_refills;     /* read racily by the report */
     bigcache_front_t bigcache_front;
+    arena_front_t arena_front;
     heap_profile_t profile;
     const void *corrupt_link;  /* hardened: a cached block whose link was corrupt (cache_next) */
 #ifdef HAKMEM_COUNTERS
@@ -523,14 +551,7 @@ void purger_fork_child(void);
 
 /* ---- Page arenas (arena.c) ---------------------------------------------- */
 
-/* 64 MiB arenas, aligned to their size, of 4 KiB pages (whatever the
- * system's page size, which must divide it). */
-#define ARENA_SHIFT 26
-#define ARENA_SIZE ((size_t)1 << ARENA_SHIFT)
-#define ARENA_MASK (ARENA_SIZE - 1)
-#define ARENA_PAGE_SHIFT 12
-#define ARENA_PAGE ((size_t)1 << ARENA_PAGE_SHIFT)
-#define ARENA_PAGES ((uint32_t)(ARENA_SIZE >> ARENA_PAGE_SHIFT))
+/* The arenas' geometry is with the heap's front to them (above). */
 
 void arena_init(void);
 unsigned arena_lane_next(void);
@@ -540,10 +561,64 @@ size_t arena_usable_size(const void *p, const char *op);
 bool arena_resize(void *p, size_t size);
 bool arena_owns(const void *p);
 uint64_t arena_purge(bool force);
+void arena_purge_lane(unsigned lane);
 void arena_stats(size_t *arenas, size_t *used_bytes, size_t *free_bytes, size_t *dirty_bytes);
 void arena_fork_prepare(void);
 void arena_fork_parent(void);
 void arena_fork_child(void);
+
+void arena_front_free(void *p, const char *op);
+void arena_front_flush(heap_t *heap);
+void arena_front_check(const void *b, uint32_t pages);
+
+/* A block in a thread's front carries the fronts' mark in its second
+ * word, as a free slab block carries its SuperSlab's (a program's data
+ * matches it with a chance of 2^-64): the block stays handed out in its
+ * arena, and the mark makes a second free of it a double free. */
+extern uintptr_t arena_front_secret;
+
+static inline uintptr_t arena_front_mark(const void *b) { return arena_front_secret ^ (uintptr_t)b; }
+
+static inline bool arena_block_in_front(const void *b) { return ((const uintptr_t *)b)[1] == arena_front_mark(b); }
+
+/* The first block of f's bin leaves it: the bin moves on, then the
+ * block's mark goes (a fork between the two loses the block in the child,
+ * never leaves an unmarked one in a bin). The hardened build checks the
+ * block first, since a write after free may have changed the link that
+ * led to it. */
+static inline void *arena_front_pop(arena_front_t *f, unsigned bin)
+{
+    uintptr_t *b = f->blocks[bin];
+    if (HAK_SECURE)
+        arena_front_check(b, bin + ARENA_FRONT_MIN_PAGES);
+    f->blocks[bin] = (void *)b[0];
+    atomic_signal_fence(memory_order_seq_cst);
+    b[1] = 0;
+    f->count[bin]--;
+    return b;
+}
+
+/* A block of size bytes (above the slab classes) from heap's front, or
+ * NULL: not a front's size, the bin is empty (its limit then grows by
+ * one), or the purger is at the front. Inline in the arenas' allocation
+ * path: a call and the checks of the first, out-of-line version cost a
+ * 64 KiB malloc/free pair 70 instructions more than a slab block's. */
+static inline void *arena_front_take(heap_t *heap, size_t size)
+{
+    uint32_t pages = (uint32_t)((size + ARENA_PAGE - 1) >> ARENA_PAGE_SHIFT);
+    hak_assert(pages >= ARENA_FRONT_MIN_PAGES);
+    if (pages > ARENA_FRONT_MAX_PAGES || !heap_mid_enter(heap))
+        return NULL;
+    arena_front_t *f = &heap->arena_front;
+    unsigned bin = pages - ARENA_FRONT_MIN_PAGES;
+    void *b = NULL;
+    if (likely(f->blocks[bin] != NULL))
+        b = arena_front_pop(f, bin);
+    else if ((size_t)(f->limit[bin] + 1) * pages * ARENA_PAGE <= ARENA_FRONT_BIN_BYTES)
+        f->limit[bin]++;
+    heap_mid_leave(heap);
+    return b;
+}
 
 /* ---- Large blocks ------------------------------------------------------ */
 
@@ -794,6 +869,5 @@ void msg_uint(msgbuf_t *m, uint64_t v);
 void hak_report_bad_pointer(const char *op, const void *p, const char *fault);
 void hak_warn(const char *what, const char *detail);
 void hak_fatal(const char *what) __attribute__((noreturn));
-void hak_assert_fail(const char *cond, const char *file, int line) __attribute__((noreturn));
 
 #endif

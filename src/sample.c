@@ -299,14 +299,19 @@ void *sample_fast_hit(heap_t *heap, unsigned c, void *b, size_t size, uintptr_t 
     return sample_take(heap, c, b, size, site, hak_ticks() - start);
 }
 
-/* A sample among the page arenas' sizes: the arena allocation is timed,
- * and its block given back for one of the large tier, which records the
- * site as for a slab-sized sample. */
+/* A sample among the page arenas' sizes: the arena allocation (from the
+ * thread's front first, as any other) is timed, and its block given back
+ * for one of the large tier, which records the site as for a slab-sized
+ * sample. */
 void *sample_take_arena(heap_t *heap, size_t size, size_t align, uintptr_t site, bool zero)
 {
     uint32_t weight = sample_interval_end(heap);
     uint64_t start = hak_ticks();
-    void *p = arena_alloc(size, align, heap->arena_lane, zero);
+    void *p = align ? NULL : arena_front_take(heap, size);
+    if (p && zero)
+        memset(p, 0, size);
+    else if (!p)
+        p = arena_alloc(size, align, heap->arena_lane, zero);
     uint64_t ticks = hak_ticks() - start;
     if (!hak_config.profile || !p)
         return p;

@@ -1,11 +1,14 @@
-/* The page arenas (blocks above 64 KiB up to the large threshold, issue
+/* The page arenas (blocks above 16 KiB up to the large threshold, issue
  * 5): blocks are runs of pages that the stats count, a freed block merges
  * with its free neighbours and the merged run serves the next fitting
  * request at the same address, the top of an arena is trimmed at once,
  * free runs inside go back to the OS after the purge delay, realloc grows
  * and shrinks in place, aligned requests are served from the arenas, calloc
  * of reused pages reads zeros, threads free each other's blocks, and
- * hak_collect(true) unmaps every empty arena. */
+ * hak_collect(true) unmaps every empty arena. A thread's front keeps the
+ * blocks of up to 64 KiB it freed for its next mallocs, as many as those
+ * asked for, until a collect or the purge delay, and stops the program at
+ * a link a write after free changed. */
 #define _GNU_SOURCE
 #include "check.h"
 #include "hakmem.h"
@@ -13,10 +16,12 @@
 
 #include <malloc.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 static const size_t KiB = 1024, MiB = 1024 * 1024;
@@ -64,10 +69,102 @@ static void test_served(void)
     CHECK((uintptr_t)p % 4096 == 0);
     free(p);
     CHECK(stats().arena_bytes == before);
-    /* The slab classes end at 64 KiB, the arenas at the large threshold. */
-    char *slab = heap_malloc(64 * KiB);
+    /* The slab classes end at 16 KiB, the arenas at the large threshold. */
+    char *slab = heap_malloc(16 * KiB);
     CHECK(stats().arena_bytes == before);
     free(slab);
+    char *arena = heap_malloc(16 * KiB + 1);
+    CHECK(stats().arena_bytes == before + 20 * KiB && malloc_usable_size(arena) == 20 * KiB);
+    free(arena);
+    hak_collect(false); /* its thread's front */
+    CHECK(stats().arena_bytes == before);
+}
+
+/* The thread's front: a freed block of 16-64 KiB waits for the thread's
+ * next malloc of as many pages, if a malloc of that many found none
+ * before; a collect, or the purge delay, gives it back to its arena. */
+static void test_front(void)
+{
+    hak_collect(false);
+    size_t before = stats().arena_bytes, block = pages_of(40 * KiB);
+    char *a = heap_malloc(40 * KiB); /* its bin was empty: it keeps one block now */
+    free(a);
+    CHECK(stats().arena_bytes == before + block && !hak_owns(a));
+    char *b = heap_malloc(37 * KiB); /* as many pages */
+    CHECK(b == a && hak_owns(b) && malloc_usable_size(b) == block);
+    char *c = heap_malloc(40 * KiB); /* empty again: two from now on */
+    char *d = heap_malloc(40 * KiB); /* three */
+    free(b);
+    free(c);
+    free(d);
+    CHECK(stats().arena_bytes == before + 3 * block);
+    CHECK(heap_malloc(40 * KiB) == d && heap_malloc(40 * KiB) == c);
+    free(c);
+    free(d);
+    hak_collect(false);
+    CHECK(stats().arena_bytes == before);
+    /* Without a call: the purger empties it a purge delay after the first
+     * free into it (three delays allowed). */
+    free(heap_malloc(40 * KiB));
+    CHECK(stats().arena_bytes == before + block);
+    for (int i = 0; i < 100 && stats().arena_bytes != before; i++)
+        usleep(3000);
+    CHECK(stats().arena_bytes == before);
+}
+
+/* A thread that only frees keeps nothing in its front. */
+static char *consumed[8];
+static void *consumer_main(void *arg)
+{
+    (void)arg;
+    free(heap_malloc(64)); /* a heap of its own */
+    for (int i = 0; i < 8; i++)
+        free(consumed[i]);
+    return NULL;
+}
+
+static void test_front_consumer(void)
+{
+    hak_collect(false);
+    size_t before = stats().arena_bytes;
+    for (int i = 0; i < 8; i++)
+        consumed[i] = heap_malloc(20 * KiB + (size_t)i * 5 * KiB);
+    pthread_t t;
+    pthread_create(&t, NULL, consumer_main, NULL);
+    pthread_join(t, NULL);
+    CHECK(stats().arena_bytes == before);
+}
+
+/* Hardened: a write after free over a block in the front stops the
+ * program at the malloc that would take it, naming hakmem. The default
+ * build follows the fronts' links unchecked, as the slab caches'. */
+static void test_front_corrupt_link(void)
+{
+    hak_stats_t s;
+    hak_stats_get(&s);
+    if (!s.hardened)
+        return;
+    int err[2];
+    CHECK(pipe(err) == 0);
+    pid_t pid = fork();
+    if (pid == 0) {
+        dup2(err[1], STDERR_FILENO);
+        char *a = heap_malloc(24 * KiB), *b = heap_malloc(24 * KiB);
+        free(a);
+        free(b);
+        memset(b, 0x5a, 16); /* b is the front's first: its link and mark are gone */
+        heap_malloc(24 * KiB);
+        heap_malloc(24 * KiB);
+        _exit(0);
+    }
+    close(err[1]);
+    char message[512] = {0};
+    ssize_t got = read(err[0], message, sizeof message - 1);
+    close(err[0]);
+    int status = 0;
+    waitpid(pid, &status, 0);
+    CHECK(got > 0 && strstr(message, "hakmem: malloc: free list corrupted at 0x"));
+    CHECK(WIFSIGNALED(status) && WTERMSIG(status) == SIGABRT);
 }
 
 /* Two neighbours freed merge; the merged run is the best fit for a block
@@ -170,6 +267,15 @@ static void test_aligned(void)
     CHECK(small && (uintptr_t)small % (256 * KiB) == 0 && hak_owns(small));
     CHECK(stats().arena_bytes == before + 4096);
     free(small);
+    CHECK(stats().arena_bytes == before);
+    /* A slab size whose padding would leave the slab classes: the arenas,
+     * not a mapping of its own. */
+    hak_stats_t s0 = stats();
+    void *mid = aligned_alloc(8 * KiB, 12000);
+    hak_stats_t s1 = stats();
+    CHECK(mid && (uintptr_t)mid % (8 * KiB) == 0 && hak_owns(mid));
+    CHECK(s1.arena_bytes == before + pages_of(12000) && s1.large_allocs == s0.large_allocs);
+    free(mid);
     CHECK(stats().arena_bytes == before);
 }
 
@@ -279,6 +385,9 @@ int main(void)
     check_expected_build();
     size_t live_at_start = stats().arena_bytes;
     test_served();
+    test_front();
+    test_front_consumer();
+    test_front_corrupt_link();
     test_coalescing();
     test_trim();
     test_purge_after_delay();
