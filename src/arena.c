@@ -641,15 +641,14 @@ void arena_front_check(const void *b, uint32_t pages)
  * lane lock. */
 static inline bool front_push(void *p)
 {
-    /* Without claims (no membarrier) the purger could not empty a front:
-     * none, as no mid cache. */
-    if (((uintptr_t)p & (ARENA_PAGE - 1)) || !hak_claims_on)
+    if ((uintptr_t)p & (ARENA_PAGE - 1))
         return false;
     arena_t *a = arena_of(p);
     uint64_t e = entry(a, page_index(a, p));
     uint32_t pages = e_pages(e);
-    if ((e & (E_HEAD | E_STATE_MASK)) != E_USED_HEAD || pages < ARENA_FRONT_MIN_PAGES ||
-        pages > ARENA_FRONT_MAX_PAGES || arena_block_in_front(p))
+    uintptr_t mark = arena_front_mark(p);
+    if ((e & (E_HEAD | E_STATE_MASK)) != E_USED_HEAD ||
+        pages - ARENA_FRONT_MIN_PAGES >= ARENA_FRONT_BINS /* fewer wrap around */ || ((uintptr_t *)p)[1] == mark)
         return false;
     heap_t *heap = heap_get(); /* hak_empty_heap: no limit above 0 */
     if (!heap_mid_enter(heap))
@@ -659,7 +658,7 @@ static inline bool front_push(void *p)
     bool kept = f->count[bin] < f->limit[bin];
     if (kept) {
         uintptr_t *b = p; /* marked first: a fork before the push loses it in the child */
-        b[1] = arena_front_mark(b);
+        b[1] = mark;
         atomic_signal_fence(memory_order_seq_cst);
         b[0] = (uintptr_t)f->blocks[bin];
         f->blocks[bin] = b;

@@ -135,9 +135,13 @@ static inline uint64_t xorshift64(uint64_t *state)
 /* The earlier of two due times, 0 meaning none (the purge passes). */
 static inline uint64_t due_earlier(uint64_t a, uint64_t b) { return !a ? b : !b ? a : a < b ? a : b; }
 
+/* HAKMEM_LARGE_THRESHOLD's least value: sizes up to it are never large. */
+#define LARGE_THRESHOLD_MIN ((size_t)64 << 10)
+_Static_assert(SLAB_CLASS_MAX < LARGE_THRESHOLD_MIN, "the slab classes are below any threshold");
+
 /* Whether a block of this size comes from a slab, or from a page arena
  * (else its own mapping). */
-#define size_in_slabs(size) ((size) <= SLAB_CLASS_MAX && (size) <= hak_large_threshold())
+#define size_in_slabs(size) ((size) <= SLAB_CLASS_MAX)
 #define size_in_arenas(size) ((size) > SLAB_CLASS_MAX && (size) <= hak_large_threshold())
 
 /* ---- Slabs and SuperSlabs ---------------------------------------------- */
@@ -395,7 +399,7 @@ typedef struct bigcache_front {
  * next mallocs of that many pages; the owner's under its mid mark
  * (heap_mid_enter). A bin holds up to ARENA_FRONT_BIN_BYTES. */
 #define ARENA_FRONT_MIN_PAGES ((uint32_t)(SLAB_CLASS_MAX >> ARENA_PAGE_SHIFT) + 1)
-#define ARENA_FRONT_MAX_PAGES 16u
+#define ARENA_FRONT_MAX_PAGES ((uint32_t)(LARGE_THRESHOLD_MIN >> ARENA_PAGE_SHIFT)) /* never large */
 #define ARENA_FRONT_BINS (ARENA_FRONT_MAX_PAGES - ARENA_FRONT_MIN_PAGES + 1)
 #define ARENA_FRONT_BIN_BYTES ((size_t)512 << 10)
 typedef struct arena_front {
@@ -485,6 +489,9 @@ extern heap_t hak_empty_heap;
 extern HAK_TLS heap_t *hak_tl_heap;
 
 static inline heap_t *heap_get(void) { return hak_tl_heap; }
+
+/* os.c: os_membarrier works: caches of other threads can be claimed */
+extern bool hak_claims_on;
 
 /* The owner's side of the mid caches' claim, Dekker-style as BigCache's
  * front: the owner marks itself busy and reads the claim with only a
@@ -614,8 +621,8 @@ static inline void *arena_front_take(heap_t *heap, size_t size)
     void *b = NULL;
     if (likely(f->blocks[bin] != NULL))
         b = arena_front_pop(f, bin);
-    else if ((size_t)(f->limit[bin] + 1) * pages * ARENA_PAGE <= ARENA_FRONT_BIN_BYTES)
-        f->limit[bin]++;
+    else if ((size_t)(f->limit[bin] + 1) * pages * ARENA_PAGE <= ARENA_FRONT_BIN_BYTES && hak_claims_on)
+        f->limit[bin]++; /* without claims (no membarrier) the purger could not empty it: none */
     heap_mid_leave(heap);
     return b;
 }
@@ -837,7 +844,6 @@ void os_purge(void *p, size_t size);
 bool os_purged_pages_read_zero(void);
 void os_prefault(void *p, size_t size);
 void os_protect(void *p, size_t size, bool accessible);
-extern bool hak_claims_on; /* os_membarrier works: caches of other threads can be claimed */
 void os_membarrier_init(void);
 bool os_membarrier(void);
 uint64_t os_random(void);

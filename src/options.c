@@ -49,7 +49,7 @@ static option_t options[] = {
      &hak_config.superslab_reserve, 0, 1024, {0}},
     {"HAKMEM_LARGE_THRESHOLD", OPT_SIZE, "1M",
      "Blocks above this size get their own mapping; those above 16K up to it are runs of pages in the page arenas. A power of two from 64K to 2M.",
-     &hak_config.large_threshold, 64 << 10, 2 << 20, {0}},
+     &hak_config.large_threshold, LARGE_THRESHOLD_MIN, 2 << 20, {0}},
     {"HAKMEM_PURGE_DELAY_MS", OPT_INT, "100",
      "Free slab pages, the pages of large blocks held by BigCache and the free pages of the page arenas are returned to the OS (MADV_DONTNEED) once they have been free this long; 0 purges at once. Also how long an exited thread's heap waits for a new thread before a live one absorbs it or the purger drains what others freed into it.",
      &hak_config.purge_delay_ms, 0, 3600000, {0}},
