@@ -94,7 +94,7 @@ static inline void *hak_alloc_arena(size_t size, size_t align, uintptr_t site, b
  * instructions less; merged, 7 more). */
 void *hak_alloc_slow_size(size_t size, uintptr_t site)
 {
-    if (size <= SLAB_CLASS_MAX)
+    if (size_in_slabs(size))
         return hak_alloc_mid(mid_class_of(size), size, site);
     if (size <= LARGE_THRESHOLD_MIN)
         return hak_alloc_arena(size, 0, site, false);
