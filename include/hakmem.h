@@ -123,9 +123,9 @@ typedef struct hak_kpi {
 int hak_get_kpi(hak_kpi_t *out);
 
 /* One call site: a return address of a malloc-family call. Counts and
- * bytes of slab-sized allocations are estimated from samples (each stands
- * for the allocations since the previous one); large blocks are counted
- * exactly. */
+ * bytes of allocations up to the large threshold are estimated from
+ * samples (each stands for the allocations since the previous one); large
+ * blocks are counted exactly. */
 typedef struct hak_site {
     void *address;              /* NULL: the shared bucket of sites the table had no room for */
     uint64_t allocs;

@@ -65,7 +65,7 @@ static HAK_NOINLINE void *hak_alloc_arena_slow(size_t size, size_t align, uintpt
         return sample_take_arena(heap, size, align, site, zero);
     void *p = arena_alloc(size, align, heap->arena_lane, zero);
     if (unlikely(!p))
-        return zero ? large_alloc_zeroed(size, site) : large_alloc(size, align, site, 1);
+        return zero ? large_alloc_zeroed(size, site) : large_alloc(size, align, site);
     return p;
 }
 
@@ -103,7 +103,7 @@ void *hak_alloc_slow_size(size_t size, uintptr_t site)
         return hak_alloc_arena(size, 0, site, false);
     if (unlikely(size > PTRDIFF_MAX))
         return fail_enomem();
-    return large_alloc(size, 0, site, 1);
+    return large_alloc(size, 0, site);
 }
 
 /* A mapping failed: the caches give their mappings back (BigCache's
@@ -365,5 +365,5 @@ void *hak_alloc_aligned(size_t align, size_t size, uintptr_t site)
     }
     if (natural <= hak_large_threshold()) /* the arenas', or a slab block too small to pad */
         return hak_alloc_arena(size, align, site, false);
-    return large_alloc(size, align, site, 1);
+    return large_alloc(size, align, site);
 }

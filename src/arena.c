@@ -39,19 +39,24 @@
 enum extent_state { EXTENT_NONE, EXTENT_USED, EXTENT_FREE };
 
 /* An entry: the extent's length in pages, its state, whether it is the
- * head (the tail of a one-page extent is its head), and for free extents
+ * head (the tail of a one-page extent is its head), for free extents
  * whether their pages may be resident (dirty), whether the purger saw
  * them free at its last look (seen), and in the head the bin links (page
- * indexes, 0 for none: page 0 is the header's). */
+ * indexes, 0 for none: page 0 is the header's). The head of a used extent
+ * has no links: where the block is a profiling sample (sampled), its
+ * upper half holds the index of the sample's record (sample.c). */
 #define E_PAGES_MASK ((uint64_t)0x7fff)
 #define E_STATE_SHIFT 15
 #define E_STATE_MASK ((uint64_t)3 << E_STATE_SHIFT)
 #define E_HEAD ((uint64_t)1 << 17)
 #define E_DIRTY ((uint64_t)1 << 18)
 #define E_SEEN ((uint64_t)1 << 19)
-#define E_NEXT_SHIFT 20
-#define E_PREV_SHIFT 34
+#define E_SAMPLED ((uint64_t)1 << 20)
+#define E_NEXT_SHIFT 21
+#define E_PREV_SHIFT 35
 #define E_LINK_MASK ((uint64_t)0x3fff)
+#define E_RECORD_SHIFT 32
+#define E_SAMPLE_BITS (E_SAMPLED | ~(uint64_t)0 << E_RECORD_SHIFT)
 #define E_USED_HEAD (E_HEAD | ((uint64_t)EXTENT_USED << E_STATE_SHIFT))
 
 _Static_assert(ARENA_PAGES - 1 <= E_LINK_MASK && ARENA_PAGES <= E_PAGES_MASK, "page indexes fit the links");
@@ -60,6 +65,7 @@ static inline uint32_t e_pages(uint64_t e) { return (uint32_t)(e & E_PAGES_MASK)
 static inline unsigned e_state(uint64_t e) { return (unsigned)((e & E_STATE_MASK) >> E_STATE_SHIFT); }
 static inline uint32_t e_next(uint64_t e) { return (uint32_t)((e >> E_NEXT_SHIFT) & E_LINK_MASK); }
 static inline uint32_t e_prev(uint64_t e) { return (uint32_t)((e >> E_PREV_SHIFT) & E_LINK_MASK); }
+static inline uint32_t e_record(uint64_t e) { return (uint32_t)(e >> E_RECORD_SHIFT); }
 
 static inline uint64_t e_make(uint32_t pages, unsigned state, uint64_t flags)
 {
@@ -523,20 +529,39 @@ static const char *block_fault(arena_t *a, const void *p, uint32_t *start)
                                                   : "pointer into a freed block (double free, or use after free)";
 }
 
+/* p, a block just handed out, is a profiling sample whose record has
+ * index `record` (sample.c), which its free and its resizes update. Its
+ * holder alone writes a used extent's head entry; a neighbour's merge and
+ * the purger, under the lane lock, read the length and state in it, which
+ * this leaves as they are. */
+void arena_mark_sampled(void *p, uint32_t record)
+{
+    arena_t *a = arena_of(p);
+    uint32_t page = page_index(a, p);
+    entry_set(a, page, entry(a, page) | E_SAMPLED | (uint64_t)record << E_RECORD_SHIFT);
+}
+
 void arena_free(void *p, const char *op)
 {
     arena_t *a = arena_of(p);
     lane_t *l = a->lane;
     uint32_t start;
+    uint64_t head = 0;
     lane_lock(l);
     const char *fault = block_fault(a, p, &start);
-    if (!fault && arena_give_back(a, start, e_pages(entry(a, start))))
-        wilderness_purge(a, a->top + trim_pages() / 2);
+    if (!fault) {
+        head = entry(a, start);
+        if (arena_give_back(a, start, e_pages(head)))
+            wilderness_purge(a, a->top + trim_pages() / 2);
+    }
     lane_unlock(l);
-    if (fault)
+    if (fault) {
         hak_report_bad_pointer(op, p, fault);
-    else
-        arena_dirtied();
+        return;
+    }
+    if (head & E_SAMPLED)
+        sample_arena_freed(e_record(head));
+    arena_dirtied();
 }
 
 size_t arena_usable_size(const void *p, const char *op)
@@ -572,7 +597,8 @@ bool arena_resize(void *p, size_t size)
     uint32_t start = page_index(a, p), want = (uint32_t)((size + ARENA_PAGE - 1) >> ARENA_PAGE_SHIFT);
     bool done = true, trim = false;
     lane_lock(a->lane);
-    uint32_t have = e_pages(entry(a, start)), end = start + have;
+    uint64_t head = entry(a, start), sampled = head & E_SAMPLE_BITS;
+    uint32_t have = e_pages(head), end = start + have;
     if (want < have) { /* the tail goes back */
         extent_unmark(a, start, have);
         extent_mark(a, start, want, EXTENT_USED, 0);
@@ -592,11 +618,15 @@ bool arena_resize(void *p, size_t size)
             extent_mark(a, start, want, EXTENT_USED, 0);
         }
     }
+    if (sampled) /* the record stays with the block */
+        entry_set(a, start, entry(a, start) | sampled);
     if (trim)
         wilderness_purge(a, a->top + trim_pages() / 2);
     lane_unlock(a->lane);
     if (trim || want < have)
         arena_dirtied();
+    if (done && sampled)
+        sample_arena_resized(e_record(head), size);
     return done;
 }
 
@@ -630,15 +660,15 @@ void arena_front_check(const void *b, uint32_t pages)
         hak_free_list_corrupt(b);
     arena_t *a = arena_of(b);
     uint64_t e = entry(a, page_index(a, b));
-    if ((e & (E_HEAD | E_STATE_MASK)) != E_USED_HEAD || e_pages(e) != pages || !arena_block_in_front(b))
+    if ((e & (E_HEAD | E_STATE_MASK | E_SAMPLED)) != E_USED_HEAD || e_pages(e) != pages || !arena_block_in_front(b))
         hak_free_list_corrupt(b);
 }
 
 /* p, inside a page arena, joins the calling thread's front if it starts
- * a block handed out (not in a front) of a front's size and its bin has
- * room. A block's head entry changes only when the block does (handed
- * out, freed, resized), so the thread freeing it reads it without the
- * lane lock. */
+ * a block handed out (not in a front, not a sample) of a front's size and
+ * its bin has room. A block's head entry changes only when the block does
+ * (handed out, sampled, freed, resized), so the thread freeing it reads it
+ * without the lane lock. */
 static inline bool front_push(void *p)
 {
     if ((uintptr_t)p & (ARENA_PAGE - 1))
@@ -647,7 +677,7 @@ static inline bool front_push(void *p)
     uint64_t e = entry(a, page_index(a, p));
     uint32_t pages = e_pages(e);
     uintptr_t mark = arena_front_mark(p);
-    if ((e & (E_HEAD | E_STATE_MASK)) != E_USED_HEAD ||
+    if ((e & (E_HEAD | E_STATE_MASK | E_SAMPLED)) != E_USED_HEAD ||
         pages - ARENA_FRONT_MIN_PAGES >= ARENA_FRONT_BINS /* fewer wrap around */ || ((uintptr_t *)p)[1] == mark)
         return false;
     heap_t *heap = heap_get(); /* hak_empty_heap: no limit above 0 */

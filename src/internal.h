@@ -567,6 +567,7 @@ void arena_free(void *p, const char *op);
 size_t arena_usable_size(const void *p, const char *op);
 bool arena_resize(void *p, size_t size);
 bool arena_owns(const void *p);
+void arena_mark_sampled(void *p, uint32_t record);
 uint64_t arena_purge(bool force);
 void arena_purge_lane(unsigned lane);
 void arena_stats(size_t *arenas, size_t *used_bytes, size_t *free_bytes, size_t *dirty_bytes);
@@ -635,7 +636,6 @@ static inline void *arena_front_take(heap_t *heap, size_t size)
 typedef struct large_hdr {
     uint32_t magic;
     uint32_t purged;       /* cached and its pages given back */
-    uint32_t weight;       /* allocations it stands for in the site table (sample.c) */
     uint32_t site_rules;   /* the site's rules when it was allocated (enum site_rule) */
     uint32_t site_index;   /* in the site table */
     uint32_t fresh;        /* its pages were new or purged when handed out */
@@ -653,7 +653,7 @@ typedef struct large_hdr {
 
 extern _Atomic uint64_t hak_large_allocs;
 
-void *large_alloc(size_t size, size_t align, uintptr_t site, uint32_t weight);
+void *large_alloc(size_t size, size_t align, uintptr_t site);
 void *large_alloc_zeroed(size_t size, uintptr_t site);
 void large_unmap(large_hdr_t *h);
 void large_free(void *p, const char *op);
@@ -759,12 +759,15 @@ enum site_rule {
     RULE_PREWARM = 2,     /* new or purged blocks are faulted in at once */
 };
 
-/* sample.c: the sampled allocation path and the sample arena. */
+/* sample.c: the sampled allocation path, the sample arena and the records
+ * of samples in the page arenas. */
 void sample_heap_init(heap_t *heap);
 void *sample_take(heap_t *heap, unsigned c, void *b, size_t size, uintptr_t site, uint64_t ticks);
 void *sample_fast_hit(heap_t *heap, unsigned c, void *b, size_t size, uintptr_t site);
 void *sample_take_arena(heap_t *heap, size_t size, size_t align, uintptr_t site, bool zero);
 void sample_free(void *p, const char *op);
+void sample_arena_freed(uint32_t record);
+void sample_arena_resized(uint32_t record, size_t size);
 size_t sample_usable_size(const void *p, const char *op);
 bool sample_owns(const void *p);
 void sample_collect(void);
@@ -779,7 +782,6 @@ void site_record_free(unsigned index, size_t size, uint32_t weight, uint64_t bor
 void site_record_resize(unsigned index, size_t old_size, size_t new_size, uint32_t weight);
 unsigned site_record_large(uintptr_t site, size_t size, bool bigcache_hit, uint32_t *rules);
 void site_record_touched(unsigned index, size_t resident, size_t size);
-uint32_t site_rules_of(unsigned index);
 bool site_wants_touch(unsigned index);
 unsigned site_index_of(uintptr_t site);
 

@@ -84,7 +84,7 @@ void kpi_record_latency(uint64_t ticks, uint64_t weight)
 bool kpi_large_call(void) { return total_add(KPI_LARGE_CALLS, 1) % KPI_LARGE_TIMING == 0; }
 
 /* Totals so far: the estimated ticks spent allocating, and the exact
- * number of allocations (slab-sized and large). */
+ * number of allocations (sampled and large). */
 void kpi_window_counters(uint64_t *latency_ticks, uint64_t *allocations)
 {
     *latency_ticks = total_of(KPI_LATENCY_TICKS);

@@ -26,42 +26,32 @@ static void guard_set(large_hdr_t *h, bool on)
         os_protect(h->map_base + h->map_size - guard_size(), guard_size(), !on);
 }
 
-/* A block handed out: charged to its site (every large call is recorded;
- * weight > 1 marks a sampled slab-sized allocation served here), given the
- * site's rules, and pre-warmed if its pages are not resident. start: the
- * clock when the call began if it is timed (large_call_start), else 0. */
-static void *large_born(large_hdr_t *h, size_t size, uintptr_t site, uint32_t weight, bool fresh, bool cache_hit,
-                        uint64_t start)
+/* A block handed out: charged to its site (every large call is
+ * recorded), given the site's rules, and pre-warmed if its pages are not
+ * resident. start: the clock when the call began if it is timed
+ * (large_call_start), else 0. */
+static void *large_born(large_hdr_t *h, size_t size, uintptr_t site, bool fresh, bool cache_hit, uint64_t start)
 {
     h->size = size;
-    h->weight = weight;
     h->fresh = fresh;
     h->site_rules = 0;
-    if (hak_config.profile) {
-        if (weight == 1)
-            h->site_index = site_record_large(site, size, cache_hit, &h->site_rules);
-        else {
-            h->site_index = site_record_alloc(site, size, weight, true);
-            h->site_rules = site_rules_of(h->site_index);
-        }
-    }
+    if (hak_config.profile)
+        h->site_index = site_record_large(site, size, cache_hit, &h->site_rules);
     if (fresh && (hak_config.prewarm || (h->site_rules & RULE_PREWARM)))
         os_prefault(h->user, h->usable);
     h->born = start ? hak_ticks() : 0;
-    if (start && weight == 1) {
+    if (start) {
         kpi_record_latency(h->born - start, KPI_LARGE_TIMING);
         learn_tick();
     }
     return h->user;
 }
 
-/* The clock at the start of a call that is timed, for its latency and its
- * block's lifetime, else 0: a sampled slab-sized allocation (weight > 1)
- * always is (sample_take timed it; its lifetime is the sample's), a large
- * call when kpi_large_call says. */
-static uint64_t large_call_start(uint32_t weight)
+/* The clock at the start of a call that is timed (kpi_large_call), for
+ * its latency and its block's lifetime, else 0. */
+static uint64_t large_call_start(void)
 {
-    if (!hak_config.profile || (weight == 1 && !kpi_large_call()))
+    if (!hak_config.profile || !kpi_large_call())
         return 0;
     return hak_ticks();
 }
@@ -71,8 +61,7 @@ static uint64_t large_call_start(uint32_t weight)
  * them, unless its pages were purged with MADV_DONTNEED (they read back as
  * zero), which spares the header's page, where a block that is not page
  * aligned starts. */
-static void *large_reuse(size_t size, size_t align, uintptr_t site, uint32_t weight, size_t *stale,
-                         uint64_t start)
+static void *large_reuse(size_t size, size_t align, uintptr_t site, size_t *stale, uint64_t start)
 {
     large_hdr_t *h = bigcache_take(site, size, align);
     if (!h)
@@ -82,20 +71,20 @@ static void *large_reuse(size_t size, size_t align, uintptr_t site, uint32_t wei
     *stale = h->usable;
     if (h->purged && os_purged_pages_read_zero())
         *stale = h->user < header_page_end ? (size_t)(header_page_end - h->user) : 0;
-    return large_born(h, size, site, weight, h->purged, true, start);
+    return large_born(h, size, site, h->purged, true, start);
 }
 
-static void *large_map(size_t size, size_t align, uintptr_t site, uint32_t weight, uint64_t start);
+static void *large_map(size_t size, size_t align, uintptr_t site, uint64_t start);
 
 /* align is 0 or a power of two. */
-void *large_alloc(size_t size, size_t align, uintptr_t site, uint32_t weight)
+void *large_alloc(size_t size, size_t align, uintptr_t site)
 {
     hak_ensure_init();
     purger_poll();
-    uint64_t start = large_call_start(weight);
+    uint64_t start = large_call_start();
     size_t stale;
-    void *p = large_reuse(size, align, site, weight, &stale, start);
-    return p ? p : large_map(size, align, site, weight, start);
+    void *p = large_reuse(size, align, site, &stale, start);
+    return p ? p : large_map(size, align, site, start);
 }
 
 /* calloc: a reused block is cleared where it may hold old contents; a new
@@ -103,11 +92,11 @@ void *large_alloc(size_t size, size_t align, uintptr_t site, uint32_t weight)
 void *large_alloc_zeroed(size_t size, uintptr_t site)
 {
     purger_poll();
-    uint64_t start = large_call_start(1);
+    uint64_t start = large_call_start();
     size_t stale;
-    void *p = large_reuse(size, 0, site, 1, &stale, start);
+    void *p = large_reuse(size, 0, site, &stale, start);
     if (!p)
-        return large_map(size, 0, site, 1, start);
+        return large_map(size, 0, site, start);
     memset(p, 0, size < stale ? size : stale);
     return p;
 }
@@ -115,7 +104,7 @@ void *large_alloc_zeroed(size_t size, uintptr_t site)
 /* A new mapping. Alignments below 2 MiB place the block at an aligned
  * offset inside the header chunk; larger ones map an extra chunk for the
  * header right before the aligned block. */
-static void *large_map(size_t size, size_t align, uintptr_t site, uint32_t weight, uint64_t start)
+static void *large_map(size_t size, size_t align, uintptr_t site, uint64_t start)
 {
     size_t offset = align > LARGE_HEADER_SIZE ? align : LARGE_HEADER_SIZE;
     bool header_chunk_apart = offset >= SS_SIZE;
@@ -147,7 +136,7 @@ static void *large_map(size_t size, size_t align, uintptr_t site, uint32_t weigh
     guard_set(h, true);
     segmap_set(base, map_size, SEG_LARGE_HEAD);
     atomic_fetch_add_explicit(&hak_large_allocs, 1, memory_order_relaxed);
-    return large_born(h, size, site, weight, true, false, start);
+    return large_born(h, size, site, true, false, start);
 }
 
 /* The header of the large mapping that contains p, or NULL. */
@@ -199,8 +188,8 @@ static void large_died(large_hdr_t *h)
 {
     if (!hak_config.profile)
         return;
-    site_record_free(h->site_index, h->size, h->weight, h->born);
-    if (h->fresh && h->weight == 1 && site_wants_touch(h->site_index)) {
+    site_record_free(h->site_index, h->size, 1, h->born);
+    if (h->fresh && site_wants_touch(h->site_index)) {
         size_t page = os_page_size();
         char *first = (char *)(((uintptr_t)h->user + page - 1) & ~(uintptr_t)(page - 1));
         char *end = h->user + h->size;
@@ -211,10 +200,8 @@ static void large_died(large_hdr_t *h)
 }
 
 /* Freed blocks go to BigCache when it takes them (unless a site rule says
- * the site's blocks are never reused), aligned ones too: the sampled
- * slab-sized allocations of a site are aligned as a slab block would be,
- * and each one mapped anew cost a mapping, an unmapping and a fault per
- * page (json with profiling: +10-25 ns per malloc/free pair on average). */
+ * the site's blocks are never reused), aligned ones too: a cached block
+ * serves any request its address is aligned for. */
 void large_free(void *p, const char *op)
 {
     large_hdr_t *h = large_header_checked(p, op);
@@ -239,7 +226,7 @@ size_t large_usable_size(const void *p, const char *op)
 static void large_resized(large_hdr_t *h, size_t size)
 {
     if (hak_config.profile)
-        site_record_resize(h->site_index, h->size, size, h->weight);
+        site_record_resize(h->site_index, h->size, size, 1);
     h->size = size;
 }
 

@@ -1,9 +1,9 @@
-/* Sampled allocations. Each thread counts its slab-sized allocations down
- * from a random interval (mean HAKMEM_PROFILE_SAMPLE); the allocation that
- * reaches zero is timed for the latency KPIs, charged to its call site
- * with the weight of the interval (the allocations it stands for), and
- * served from a place whose free is
- * seen without any check on the free fast path:
+/* Sampled allocations. Each thread counts its allocations up to the large
+ * threshold down from a random interval (mean HAKMEM_PROFILE_SAMPLE); the
+ * allocation that reaches zero is timed for the latency KPIs, charged to
+ * its call site with the weight of the interval (the allocations it stands
+ * for), and served from a place whose free is seen without any check on
+ * the free fast path:
  *
  *  - tiny sizes from the sample arena: 2 MiB chunks marked SEG_SAMPLED in
  *    the segment map, so that free takes its slow path, each of slots of
@@ -11,9 +11,14 @@
  *    holds its class (with 1 KiB slots for all, the samples of a million
  *    16 B blocks added 1.6% to their RSS); each slot records its site,
  *    size and birth (for lifetimes);
- *  - larger sizes from the large tier, whose header records the same.
+ *  - larger sizes, up to the large threshold, from the page arenas: the
+ *    block's head entry in its arena's map is flagged (the thread fronts
+ *    never take it) and points to the sample's record in a table here.
+ *    Served by the large tier, as they were, each sample cost a mapping's
+ *    faults and an munmap (bench mid at two threads: 158 M ops/s against
+ *    250 without profiling, docs/benchmarks.md, session 24).
  *
- * The block the thread's cache had ready goes back to the cache. */
+ * The block a slab-sized allocation took goes back to the cache. */
 #include "alloc.h"
 #include "hakmem.h"
 
@@ -27,13 +32,15 @@
 
 _Static_assert(TINY_MAX == 1 << (ARENA_MIN_SLOT_SHIFT + 2 * (ARENA_SLOT_KINDS - 1)), "the largest slot holds a tiny block");
 
-typedef struct arena_slot {
+/* A sample's record: a slot's in the sample arena, or a page-arena
+ * block's in the record table. */
+typedef struct sample_record {
     uint64_t born;   /* hak_ticks() at allocation */
     uint32_t size;   /* asked for (0 is a size too) */
-    uint32_t weight; /* allocations the sample stands for (at least 1); 0 while the slot is free */
+    uint32_t weight; /* allocations the sample stands for (at least 1); 0 while free */
     uint32_t site;   /* site table index */
-    uint32_t next;   /* next free slot, 0 for none */
-} arena_slot_t;
+    uint32_t next;   /* next free one, 0 for none */
+} sample_record_t;
 
 /* The header takes the first slots. Descriptors are for the slots after
  * those, from the first (slot[i - first_slot]), so that a chunk with a few
@@ -47,10 +54,10 @@ typedef struct arena_chunk {
     uint32_t carved;     /* slots below were handed out at least once (the header's included) */
     uint32_t live;
     struct arena_chunk *next;
-    arena_slot_t slot[]; /* (SS_SIZE >> slot_shift) - first_slot */
+    sample_record_t slot[]; /* (SS_SIZE >> slot_shift) - first_slot */
 } arena_chunk_t;
 
-static pthread_mutex_t arena_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_mutex_t sample_lock = PTHREAD_MUTEX_INITIALIZER; /* the sample arena's and the record table's */
 static arena_chunk_t *arena_chunks[ARENA_SLOT_KINDS]; /* by slot size */
 
 /* ---- sampling intervals ---------------------------------------------------- */
@@ -78,7 +85,7 @@ static char *slot_address(arena_chunk_t *a, uint32_t i) { return (char *)a + ((s
 
 static uint32_t arena_slots(const arena_chunk_t *a) { return (uint32_t)(SS_SIZE >> a->slot_shift); }
 
-static arena_slot_t *slot_of(arena_chunk_t *a, uint32_t i) { return &a->slot[i - a->first_slot]; }
+static sample_record_t *slot_of(arena_chunk_t *a, uint32_t i) { return &a->slot[i - a->first_slot]; }
 
 /* The smallest slot kind whose slots hold a block of class c (a power of
  * two at least as large: aligned as the block would be, which an aligned
@@ -99,7 +106,7 @@ static arena_chunk_t *arena_chunk_new(unsigned kind)
         return NULL;
     a->magic = ARENA_MAGIC;
     a->slot_shift = ARENA_MIN_SLOT_SHIFT + 2 * kind;
-    size_t header = sizeof(arena_chunk_t) + arena_slots(a) * sizeof(arena_slot_t);
+    size_t header = sizeof(arena_chunk_t) + arena_slots(a) * sizeof(sample_record_t);
     a->first_slot = a->carved = (uint32_t)((header + ((size_t)1 << a->slot_shift) - 1) >> a->slot_shift);
     a->next = arena_chunks[kind];
     arena_chunks[kind] = a;
@@ -110,12 +117,12 @@ static arena_chunk_t *arena_chunk_new(unsigned kind)
 static void *slot_alloc(unsigned c, size_t size, uint32_t weight, unsigned site, uint64_t born)
 {
     unsigned kind = slot_kind_of(c);
-    pthread_mutex_lock(&arena_lock);
+    pthread_mutex_lock(&sample_lock);
     arena_chunk_t *a = arena_chunks[kind];
     while (a && !a->free_head && a->carved == arena_slots(a))
         a = a->next;
     if (!a && !(a = arena_chunk_new(kind))) {
-        pthread_mutex_unlock(&arena_lock);
+        pthread_mutex_unlock(&sample_lock);
         return NULL;
     }
     uint32_t i = a->free_head;
@@ -123,18 +130,18 @@ static void *slot_alloc(unsigned c, size_t size, uint32_t weight, unsigned site,
         a->free_head = slot_of(a, i)->next;
     else
         i = a->carved++;
-    *slot_of(a, i) = (arena_slot_t){.born = born, .size = (uint32_t)size, .weight = weight, .site = site};
+    *slot_of(a, i) = (sample_record_t){.born = born, .size = (uint32_t)size, .weight = weight, .site = site};
     a->live++;
-    pthread_mutex_unlock(&arena_lock);
+    pthread_mutex_unlock(&sample_lock);
     return slot_address(a, i);
 }
 
-/* The slot p starts, or NULL with *fault saying why (under arena_lock).
+/* The slot p starts, or NULL with *fault saying why (under sample_lock).
  * The caller saw p's chunk in the segment map before taking the lock; a
  * collect on another thread may have unmapped it since (only a stale
  * pointer's chunk can have no live slot), and its header must not be
  * read then. */
-static arena_slot_t *slot_checked(const void *p, const char **fault)
+static sample_record_t *slot_checked(const void *p, const char **fault)
 {
     if (segmap_kind(p) != SEG_SAMPLED) {
         *fault = "pointer not allocated by hakmem (foreign, stack or global memory, or already freed)";
@@ -161,9 +168,9 @@ static arena_slot_t *slot_checked(const void *p, const char **fault)
 void sample_free(void *p, const char *op)
 {
     const char *fault = NULL;
-    pthread_mutex_lock(&arena_lock);
-    arena_slot_t *s = slot_checked(p, &fault);
-    arena_slot_t was;
+    pthread_mutex_lock(&sample_lock);
+    sample_record_t *s = slot_checked(p, &fault);
+    sample_record_t was;
     if (s) {
         arena_chunk_t *a = (arena_chunk_t *)superslab_of(p);
         was = *s;
@@ -172,7 +179,7 @@ void sample_free(void *p, const char *op)
         a->free_head = (uint32_t)(s - a->slot) + a->first_slot;
         a->live--;
     }
-    pthread_mutex_unlock(&arena_lock);
+    pthread_mutex_unlock(&sample_lock);
     if (!s) {
         hak_report_bad_pointer(op, p, fault);
         return;
@@ -184,10 +191,10 @@ void sample_free(void *p, const char *op)
 size_t sample_usable_size(const void *p, const char *op)
 {
     const char *fault = NULL;
-    pthread_mutex_lock(&arena_lock);
-    arena_slot_t *s = slot_checked(p, &fault);
+    pthread_mutex_lock(&sample_lock);
+    sample_record_t *s = slot_checked(p, &fault);
     size_t size = s ? s->size : 0;
-    pthread_mutex_unlock(&arena_lock);
+    pthread_mutex_unlock(&sample_lock);
     if (!s) {
         hak_report_bad_pointer(op, p, fault);
         return 0;
@@ -199,23 +206,109 @@ size_t sample_usable_size(const void *p, const char *op)
 bool sample_owns(const void *p)
 {
     const char *fault;
-    pthread_mutex_lock(&arena_lock);
+    pthread_mutex_lock(&sample_lock);
     if (segmap_kind(p) != SEG_SAMPLED) { /* unmapped since the caller looked (slot_checked) */
-        pthread_mutex_unlock(&arena_lock);
+        pthread_mutex_unlock(&sample_lock);
         return false;
     }
     const arena_chunk_t *a = (const arena_chunk_t *)superslab_of(p);
     uintptr_t start = (uintptr_t)p & ~(((uintptr_t)1 << a->slot_shift) - 1);
-    arena_slot_t *s = slot_checked((const void *)start, &fault);
+    sample_record_t *s = slot_checked((const void *)start, &fault);
     bool live = s && (uintptr_t)p - start < hak_class_size[class_of(s->size)];
-    pthread_mutex_unlock(&arena_lock);
+    pthread_mutex_unlock(&sample_lock);
     return live;
 }
 
-/* Chunks with no live slot go back to the OS (hak_collect). */
+/* ---- the records of samples in the page arenas -------------------------------- */
+
+/* Indexed from 1 (0 in a head entry would be no record), handed out from
+ * a free list, then from the end; the table doubles when full (a new
+ * mapping: every reader holds the lock) and goes back to the OS when no
+ * record is live (sample_collect). */
+#define RECORDS_FIRST_CAPACITY 4096 /* 96 KiB */
+#define RECORDS_MAX_CAPACITY ((uint32_t)1 << 24)
+static sample_record_t *records;
+static uint32_t records_capacity, records_carved = 1, records_free, records_live;
+
+static bool records_grow(void)
+{
+    uint32_t capacity = records_capacity ? records_capacity * 2 : RECORDS_FIRST_CAPACITY;
+    if (capacity > RECORDS_MAX_CAPACITY)
+        return false;
+    sample_record_t *table = os_map((size_t)capacity * sizeof *table);
+    if (!table)
+        return false;
+    if (records) {
+        memcpy(table, records, (size_t)records_carved * sizeof *table);
+        os_unmap(records, (size_t)records_capacity * sizeof *table);
+    }
+    records = table;
+    records_capacity = capacity;
+    return true;
+}
+
+/* A new record's index, or 0 if the table cannot grow. */
+static uint32_t record_new(unsigned site, size_t size, uint32_t weight, uint64_t born)
+{
+    pthread_mutex_lock(&sample_lock);
+    uint32_t i = records_free;
+    if (i)
+        records_free = records[i].next;
+    else if (records_carved < records_capacity || records_grow())
+        i = records_carved++;
+    if (i) {
+        records[i] = (sample_record_t){.born = born, .size = (uint32_t)size, .weight = weight, .site = site};
+        records_live++;
+    }
+    pthread_mutex_unlock(&sample_lock);
+    return i;
+}
+
+/* The sample whose record this is was freed (arena_free). */
+void sample_arena_freed(uint32_t record)
+{
+    pthread_mutex_lock(&sample_lock);
+    sample_record_t was = records[record];
+    records[record] = (sample_record_t){.next = records_free};
+    records_free = record;
+    records_live--;
+    pthread_mutex_unlock(&sample_lock);
+    site_record_free(was.site, was.size, was.weight, was.born);
+}
+
+/* The sample whose record this is holds `size` bytes now (arena_resize). */
+void sample_arena_resized(uint32_t record, size_t size)
+{
+    pthread_mutex_lock(&sample_lock);
+    sample_record_t was = records[record];
+    records[record].size = (uint32_t)size;
+    pthread_mutex_unlock(&sample_lock);
+    site_record_resize(was.site, was.size, size, was.weight);
+}
+
+/* p (NULL where the arenas had no block) becomes a sample, charged to
+ * site: its record is filled and its index put in the block's head entry.
+ * False if it could not be (the record table full). */
+static bool sample_in_arena(void *p, size_t size, uintptr_t site, uint32_t weight)
+{
+    uint32_t record = p ? record_new(site_index_of(site), size, weight, hak_ticks()) : 0;
+    site_record_alloc(site, size, weight, record != 0);
+    if (record)
+        arena_mark_sampled(p, record);
+    return record != 0;
+}
+
+/* Chunks with no live slot go back to the OS, and the record table if no
+ * record is live (hak_collect). */
 void sample_collect(void)
 {
-    pthread_mutex_lock(&arena_lock);
+    pthread_mutex_lock(&sample_lock);
+    if (records && !records_live) {
+        os_unmap(records, (size_t)records_capacity * sizeof *records);
+        records = NULL;
+        records_capacity = records_free = 0;
+        records_carved = 1;
+    }
     for (unsigned kind = 0; kind < ARENA_SLOT_KINDS; kind++)
         for (arena_chunk_t **link = &arena_chunks[kind]; *link;) {
             arena_chunk_t *a = *link;
@@ -227,12 +320,12 @@ void sample_collect(void)
             segmap_clear(a, SS_SIZE);
             os_unmap(a, SS_SIZE);
         }
-    pthread_mutex_unlock(&arena_lock);
+    pthread_mutex_unlock(&sample_lock);
 }
 
-void sample_fork_prepare(void) { pthread_mutex_lock(&arena_lock); }
-void sample_fork_parent(void) { pthread_mutex_unlock(&arena_lock); }
-void sample_fork_child(void) { pthread_mutex_unlock(&arena_lock); }
+void sample_fork_prepare(void) { pthread_mutex_lock(&sample_lock); }
+void sample_fork_parent(void) { pthread_mutex_unlock(&sample_lock); }
+void sample_fork_child(void) { pthread_mutex_unlock(&sample_lock); }
 
 /* ---- the sampled allocation ------------------------------------------------- */
 
@@ -269,10 +362,12 @@ void *sample_take(heap_t *heap, unsigned c, void *b, size_t size, uintptr_t site
     if (class_is_tiny(c)) {
         tracked = slot_alloc(c, size, weight, site_index_of(site), hak_ticks());
         site_record_alloc(site, size, weight, tracked != NULL);
-    } else { /* the large tier records the site itself */
-        tracked = large_alloc(size, class_alignment(c), site, weight);
-        if (!tracked)
-            site_record_alloc(site, size, weight, false);
+    } else {
+        tracked = arena_alloc(size, class_alignment(c), heap->arena_lane, false);
+        if (!sample_in_arena(tracked, size, site, weight) && tracked) {
+            arena_free(tracked, "sample");
+            tracked = NULL;
+        }
     }
     if (!tracked)
         return b;
@@ -300,8 +395,7 @@ void *sample_fast_hit(heap_t *heap, unsigned c, void *b, size_t size, uintptr_t 
 }
 
 /* A sample among the page arenas' sizes: the arena allocation (from the
- * thread's front first, as any other) is timed, and its block given back
- * for one of the large tier, which records the site as for a slab-sized
+ * thread's front first, as any other) is timed, and its block is the
  * sample. */
 void *sample_take_arena(heap_t *heap, size_t size, size_t align, uintptr_t site, bool zero)
 {
@@ -317,15 +411,7 @@ void *sample_take_arena(heap_t *heap, size_t size, size_t align, uintptr_t site,
         return p;
     kpi_record_latency(ticks, weight);
     learn_tick();
-    if (!site)
-        return p;
-    void *tracked = large_alloc(size, align, site, weight);
-    if (!tracked) {
-        site_record_alloc(site, size, weight, false);
-        return p;
-    }
-    if (zero)
-        memset(tracked, 0, size);
-    arena_free(p, "sample");
-    return tracked;
+    if (site)
+        sample_in_arena(p, size, site, weight);
+    return p;
 }

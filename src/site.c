@@ -182,6 +182,8 @@ static void rule_set(site_entry_t *e, enum site_rule rule, uint64_t evidence)
     }
 }
 
+static uint32_t site_rules_of(unsigned index) { return atomic_load_explicit(&sites[index].rules, memory_order_relaxed); }
+
 /* A large allocation, recorded as site_record_alloc does, with its
  * BigCache outcome; returns the entry, and the site's rules in *rules. A
  * site whose blocks BigCache never serves gets no cache: its freed blocks
@@ -225,8 +227,6 @@ void site_record_touched(unsigned index, size_t resident, size_t size)
     if (n == RULE_TOUCH_TRIAL && r * 100 >= s * RULE_TOUCH_PERCENT)
         rule_set(e, RULE_PREWARM, s ? r * 100 / s : 0);
 }
-
-uint32_t site_rules_of(unsigned index) { return atomic_load_explicit(&sites[index].rules, memory_order_relaxed); }
 
 static double lifetime_median_ns(const site_entry_t *e, double ns_per_tick)
 {
