@@ -35,7 +35,7 @@ typedef struct option {
     enum option_type type;
     const char *default_text;
     const char *meaning;
-    void *target;         /* int for BOOL/CHOICE, long for INT, size_t for SIZE */
+    void *target;         /* bool for BOOL, int for CHOICE, long for INT, size_t for SIZE */
     long min, max;        /* INT and SIZE bounds */
     const char *choices[4]; /* CHOICE: value i is choices[i] */
 } option_t;
@@ -206,11 +206,35 @@ static void option_parse(const option_t *o, const char *value)
     }
 }
 
+#ifdef HAKMEM_DEBUG
+/* The value hak_config starts with is the one the table documents (two
+ * places to write a default: nothing else compares them). */
+static bool option_default_holds(const option_t *o)
+{
+    static const size_t target_sizes[] = {sizeof(bool), sizeof(long), sizeof(size_t), sizeof(int)};
+    _Static_assert(OPT_BOOL == 0 && OPT_INT == 1 && OPT_SIZE == 2 && OPT_CHOICE == 3, "target_sizes' order");
+    union {
+        bool b;
+        int i;
+        long l;
+        size_t z;
+    } parsed = {.z = 0};
+    option_t scratch = *o;
+    scratch.target = &parsed;
+    option_parse(&scratch, o->default_text);
+    return memcmp(&parsed, o->target, target_sizes[o->type]) == 0;
+}
+#endif
+
 extern char **environ;
 
 void options_init(void)
 {
     for (size_t i = 0; i < OPTION_COUNT; i++) {
+#ifdef HAKMEM_DEBUG
+        if (!option_default_holds(&options[i])) /* hak_config's initial value differs from the table's */
+            hak_assert_fail(options[i].name, __FILE__, __LINE__);
+#endif
         const char *value = getenv(options[i].name);
         if (value)
             option_parse(&options[i], value);
