@@ -31,12 +31,13 @@
 #include "internal.h"
 
 #include <errno.h>
+#include <pthread.h>
 #include <sched.h>
 #include <string.h>
 
 /* ---- map entries ------------------------------------------------------------- */
 
-enum extent_state { EXTENT_NONE, EXTENT_USED, EXTENT_FREE };
+enum extent_state { EXTENT_NONE, EXTENT_USED, EXTENT_FREE, EXTENT_PURGING /* free, its pages being purged */ };
 
 /* An entry: the extent's length in pages, its state, whether it is the
  * head (the tail of a one-page extent is its head), for free extents
@@ -111,6 +112,7 @@ typedef struct arena {
     uint32_t free_pages;      /* in free extents below top */
     uint32_t dirty_free_pages; /* of which flagged dirty */
     uint32_t top_high;        /* the highest top since the purger's last look */
+    uint32_t purging_from;    /* the wilderness from here to dirty_end is being purged: not handed out; 0 for none */
     uint64_t looked_ms;       /* the purger's last look (arena_purge) */
     uint64_t bin_mask[ARENA_BIN_WORDS];
     uint16_t bin[ARENA_BINS]; /* head page of the first free extent, 0 for none */
@@ -128,10 +130,11 @@ static inline uint32_t trim_pages(void) { return (uint32_t)(hak_config.arena_tri
 typedef struct lane {
     _Atomic int lock;
     arena_t *arenas;
+    pthread_mutex_t purge_lock; /* one purge pass at a time, taken before the lock (lane_purge) */
 } __attribute__((aligned(64))) lane_t;
 
 #define ARENA_LANES_MAX 64
-static lane_t lanes[ARENA_LANES_MAX];
+static lane_t lanes[ARENA_LANES_MAX] = {[0 ... ARENA_LANES_MAX - 1] = {.purge_lock = PTHREAD_MUTEX_INITIALIZER}};
 static unsigned lane_count = 1;
 static _Atomic unsigned next_lane;
 
@@ -306,12 +309,39 @@ static void arena_unmap(lane_t *l, arena_t *a)
     os_release(a, ARENA_SIZE, (size_t)a->commit_end << ARENA_PAGE_SHIFT);
 }
 
-/* Pages [start, end) of the wilderness go back to the OS. */
-static void wilderness_purge(arena_t *a, uint32_t start)
+/* The wilderness's pages from `from` up, marked being purged (no one
+ * hands them out), are back to the OS: dirty no more, unless they were
+ * handed out and given back since, which only a trim below does. */
+static void wilderness_purged(arena_t *a, uint32_t from)
 {
-    if (a->dirty_end > start)
-        os_purge(page_address(a, start), (size_t)(a->dirty_end - start) << ARENA_PAGE_SHIFT);
-    a->dirty_end = start;
+    if (a->dirty_end > from)
+        a->dirty_end = from;
+    a->purging_from = 0;
+}
+
+/* A free left a's wilderness with more dirty pages than
+ * HAKMEM_ARENA_TRIM: those above half of it go back to the OS now. The
+ * madvise (16 MiB and more) runs with the lane unlocked, the pages marked
+ * being purged as the purger does (a malloc of the lane waited up to 2.4
+ * ms for it on bench rss-time), unless the purger is at the lane. Called
+ * with the lane locked, returns with it unlocked. */
+static void wilderness_trim_unlock(lane_t *l, arena_t *a)
+{
+    uint32_t from = a->top + trim_pages() / 2;
+    size_t bytes = (size_t)(a->dirty_end - from) << ARENA_PAGE_SHIFT;
+    if (pthread_mutex_trylock(&l->purge_lock) != 0) { /* the purger's pass: under the lock */
+        os_purge(page_address(a, from), bytes);
+        a->dirty_end = from;
+        lane_unlock(l);
+        return;
+    }
+    a->purging_from = from; /* none was: purges set it under the purge lock */
+    lane_unlock(l);
+    os_purge(page_address(a, from), bytes);
+    lane_lock(l);
+    wilderness_purged(a, from);
+    lane_unlock(l);
+    pthread_mutex_unlock(&l->purge_lock);
 }
 
 /* ---- taking and giving back extents (under the lane lock) ------------------------- */
@@ -351,10 +381,12 @@ static uint32_t arena_take_free(arena_t *a, uint32_t pages, size_t *stale)
     return start ? arena_take_from(a, start, pages, stale) : 0;
 }
 
-/* A run of `pages` pages from the bottom of a's wilderness, or 0. */
+/* A run of `pages` pages from the bottom of a's wilderness, or 0 (also
+ * where it would reach the pages the purger is giving back: arena_alloc
+ * then waits for it). */
 static uint32_t arena_take_wild(arena_t *a, uint32_t pages, size_t *stale)
 {
-    if (ARENA_PAGES - a->top < pages)
+    if (ARENA_PAGES - a->top < pages || (a->purging_from && a->top + pages > a->purging_from))
         return 0;
     uint32_t start = a->top, end = start + pages;
     if (end > a->commit_end) {
@@ -388,21 +420,21 @@ static void extent_absorb(arena_t *a, uint32_t start)
         a->dirty_free_pages -= pages;
 }
 
-/* The used extent at start (pages long) is free: it merges with free
- * neighbours, and into the wilderness if it reaches it. The merged extent
- * is dirty (the block's pages were handed out: resident, maybe), a purged
+/* The extent at start (pages long, counted neither used nor free) is
+ * free: it merges with free neighbours, and into the wilderness if it
+ * reaches it. The merged extent is dirty if any part is, a purged
  * neighbour included, which the purger's next madvise covers again.
  * Returns true when the wilderness has more dirty pages than it keeps
  * (the caller trims). */
-static bool arena_give_back(arena_t *a, uint32_t start, uint32_t pages)
+static bool extent_free(arena_t *a, uint32_t start, uint32_t pages, bool dirty)
 {
-    a->used_pages -= pages;
     extent_unmark(a, start, pages);
     if (start > ARENA_FIRST_PAGE) {
         uint64_t before = entry(a, start - 1);
         if (e_state(before) == EXTENT_FREE) {
             start -= e_pages(before);
             pages += e_pages(before);
+            dirty |= (before & E_DIRTY) != 0;
             extent_absorb(a, start);
         }
     }
@@ -414,13 +446,23 @@ static bool arena_give_back(arena_t *a, uint32_t start, uint32_t pages)
     uint64_t after = entry(a, end);
     if (e_state(after) == EXTENT_FREE) {
         pages += e_pages(after);
+        dirty |= (after & E_DIRTY) != 0;
         extent_absorb(a, end);
     }
-    extent_mark(a, start, pages, EXTENT_FREE, E_DIRTY);
+    extent_mark(a, start, pages, EXTENT_FREE, dirty ? E_DIRTY : 0);
     bin_insert(a, start, entry(a, start));
     a->free_pages += pages;
-    a->dirty_free_pages += pages;
+    if (dirty)
+        a->dirty_free_pages += pages;
     return false;
+}
+
+/* The used extent at start is free, its pages dirty (handed out:
+ * resident, maybe). */
+static bool arena_give_back(arena_t *a, uint32_t start, uint32_t pages)
+{
+    a->used_pages -= pages;
+    return extent_free(a, start, pages, true);
 }
 
 /* The aligned start inside a run taken with align_pages - 1 pages to
@@ -473,9 +515,17 @@ void *arena_alloc(size_t size, size_t align, unsigned lane_index, bool zero)
         uint32_t start = 0;
         for (a = l->arenas; a && !(start = arena_take_free(a, want, &stale)); a = a->next)
             ;
+        bool purging = false;
         if (!start)
             for (a = l->arenas; a && !(start = arena_take_wild(a, want, &stale)); a = a->next)
-                ;
+                purging |= a->purging_from != 0;
+        if (!start && purging) { /* the purger gives back the wilderness that would do: wait, not map */
+            lane_unlock(l);
+            pthread_mutex_lock(&l->purge_lock);
+            pthread_mutex_unlock(&l->purge_lock);
+            attempt--;
+            continue;
+        }
         if (!start && (a = arena_new(l)) != NULL)
             start = arena_take_wild(a, want, &stale);
         if (start && align_pages > 1)
@@ -547,14 +597,17 @@ void arena_free(void *p, const char *op)
     lane_t *l = a->lane;
     uint32_t start;
     uint64_t head = 0;
+    bool trim = false;
     lane_lock(l);
     const char *fault = block_fault(a, p, &start);
     if (!fault) {
         head = entry(a, start);
-        if (arena_give_back(a, start, e_pages(head)))
-            wilderness_purge(a, a->top + trim_pages() / 2);
+        trim = arena_give_back(a, start, e_pages(head));
     }
-    lane_unlock(l);
+    if (trim)
+        wilderness_trim_unlock(l, a);
+    else
+        lane_unlock(l);
     if (fault) {
         hak_report_bad_pointer(op, p, fault);
         return;
@@ -621,8 +674,9 @@ bool arena_resize(void *p, size_t size)
     if (sampled) /* the record stays with the block */
         entry_set(a, start, entry(a, start) | sampled);
     if (trim)
-        wilderness_purge(a, a->top + trim_pages() / 2);
-    lane_unlock(a->lane);
+        wilderness_trim_unlock(a->lane, a);
+    else
+        lane_unlock(a->lane);
     if (trim || want < have)
         arena_dirtied();
     if (done && sampled)
@@ -724,60 +778,132 @@ void arena_front_flush(heap_t *heap)
 /* The purger's look at an arena, every purge delay while it holds dirty
  * pages: free extents it saw dirty at its last look, and still free since
  * (any merge clears its seen flag), have waited at least a delay and go
- * back to the OS, at the back of their bin; the others are marked seen.
- * So do the wilderness's pages above the highest top since the last look
- * (none of them was handed out for a delay: on a steady churn the top
- * moves up and down by several MiB, and trimming all of it cost a page
- * fault per block, docs/benchmarks.md, session 20). With force, every
- * dirty page goes. True if dirty pages remain. */
-static bool arena_look(arena_t *a, bool force)
+ * back to the OS; the others are marked seen. So do the wilderness's
+ * pages above the highest top since the last look (none of them was
+ * handed out for a delay: on a steady churn the top moves up and down by
+ * several MiB, and trimming all of it cost a page fault per block,
+ * docs/benchmarks.md, session 20). With force, every dirty page goes.
+ *
+ * The madvise calls run with the lane unlocked: one look on bench
+ * rss-time held the lock 2.4 ms (1.5 in free extents, 0.9 in the
+ * wilderness), as long as a malloc of the lane could wait. Under the lock
+ * a look takes a batch of extents out of their bins, marked purging (no
+ * one takes them or merges with them), and marks the wilderness's part
+ * being purged (arena_take_wild keeps below it); unlocked, it purges
+ * them; locked again, the extents come back clean, merging with their
+ * free neighbours, and the wilderness's dirty end comes down. */
+#define PURGE_BATCH 64
+
+typedef struct purge_round {
+    arena_t *arena;
+    uint32_t page;  /* where the look goes on */
+    uint32_t count; /* extents taken */
+    uint32_t start[PURGE_BATCH], pages[PURGE_BATCH];
+    uint32_t wild_from, wild_end; /* the wilderness's pages being purged, none if equal */
+} purge_round_t;
+
+/* Under the lane lock: r's arena from r->page on. True if the batch
+ * filled first (r->page then says where to go on). */
+static bool purge_round_take(purge_round_t *r, bool force)
 {
-    for (uint32_t page = ARENA_FIRST_PAGE; page < a->top;) {
+    arena_t *a = r->arena;
+    uint32_t page = r->page;
+    if (page != ARENA_FIRST_PAGE && page < a->top) /* the extents may have merged since the last round */
+        page = extent_containing(a, page);
+    for (; page && page < a->top; page += e_pages(entry(a, page))) {
         uint64_t e = entry(a, page);
         uint32_t pages = e_pages(e);
         hak_assert(e & E_HEAD);
-        if (e_state(e) == EXTENT_FREE && (e & E_DIRTY)) {
-            if (force || (e & E_SEEN)) {
-                os_purge(page_address(a, page), (size_t)pages << ARENA_PAGE_SHIFT);
-                bin_remove(a, page, e);
-                extent_mark(a, page, pages, EXTENT_FREE, 0);
-                bin_insert(a, page, entry(a, page));
-                a->dirty_free_pages -= pages;
-            } else {
-                entry_set(a, page, e | E_SEEN);
-            }
+        if (e_state(e) != EXTENT_FREE || !(e & E_DIRTY))
+            continue;
+        if (!force && !(e & E_SEEN)) {
+            entry_set(a, page, e | E_SEEN);
+            continue;
         }
-        page += pages;
+        if (r->count == PURGE_BATCH) {
+            r->page = page;
+            return true;
+        }
+        bin_remove(a, page, e);
+        extent_mark(a, page, pages, EXTENT_PURGING, 0);
+        a->free_pages -= pages;
+        a->dirty_free_pages -= pages;
+        r->start[r->count] = page;
+        r->pages[r->count++] = pages;
     }
     uint32_t unused = force || a->top_high < a->top ? a->top : a->top_high;
-    if (a->dirty_end > unused)
-        wilderness_purge(a, unused);
+    if (a->dirty_end > unused) { /* purging_from is 0: the purge lock is ours */
+        a->purging_from = r->wild_from = unused;
+        r->wild_end = a->dirty_end;
+    }
     a->top_high = a->top;
+    return false;
+}
+
+/* Unlocked: the pages go back to the OS. */
+static void purge_round_run(const purge_round_t *r)
+{
+    for (uint32_t i = 0; i < r->count; i++)
+        os_purge(page_address(r->arena, r->start[i]), (size_t)r->pages[i] << ARENA_PAGE_SHIFT);
+    if (r->wild_end > r->wild_from)
+        os_purge(page_address(r->arena, r->wild_from), (size_t)(r->wild_end - r->wild_from) << ARENA_PAGE_SHIFT);
+}
+
+/* Under the lane lock again: the extents are free and clean, and so is
+ * the wilderness from where its purge began. */
+static void purge_round_end(purge_round_t *r)
+{
+    arena_t *a = r->arena;
+    for (uint32_t i = 0; i < r->count; i++)
+        extent_free(a, r->start[i], r->pages[i], false);
+    if (r->wild_end > r->wild_from)
+        wilderness_purged(a, r->wild_from);
+    r->count = 0;
+    r->wild_from = r->wild_end = 0;
+}
+
+/* A look at a, the lane locked on entry and on return. True if dirty
+ * pages remain (seen ones, or freed meanwhile). */
+static bool arena_look(lane_t *l, arena_t *a, bool force)
+{
+    purge_round_t r = {.arena = a, .page = ARENA_FIRST_PAGE};
+    bool more;
+    do {
+        more = purge_round_take(&r, force);
+        lane_unlock(l);
+        purge_round_run(&r);
+        lane_lock(l);
+        purge_round_end(&r);
+    } while (more);
     return a->dirty_free_pages || a->dirty_end > a->top;
 }
 
 /* The purger's pass over one lane (see arena_purge); all: every dirty
- * page goes, unmap_all: every empty arena. */
+ * page goes, unmap_all: every empty arena. Arenas leave a lane only here,
+ * under its purge lock, so a->next holds across the unlocked rounds. */
 static uint64_t lane_purge(lane_t *l, bool all, bool unmap_all)
 {
     uint64_t now = os_now_ms(), delay = (uint64_t)hak_config.purge_delay_ms, next_due = 0;
+    pthread_mutex_lock(&l->purge_lock);
     lane_lock(l);
     for (arena_t *a = l->arenas, *next; a; a = next) {
-        next = a->next;
         bool dirty = a->dirty_free_pages || a->dirty_end > a->top;
         if (dirty && !all && now < a->looked_ms + delay) {
             next_due = due_earlier(next_due, a->looked_ms + delay);
+            next = a->next;
             continue;
         }
         if (dirty) {
             a->looked_ms = now;
-            if (arena_look(a, all))
+            if (arena_look(l, a, all))
                 next_due = due_earlier(next_due, now + delay);
         }
+        next = a->next;
         if (!a->used_pages && a->dirty_end == a->top && (unmap_all || a != l->arenas))
             arena_unmap(l, a);
     }
     lane_unlock(l);
+    pthread_mutex_unlock(&l->purge_lock);
     return next_due;
 }
 
@@ -819,17 +945,22 @@ void arena_stats(size_t *arenas, size_t *used_bytes, size_t *free_bytes, size_t 
     *dirty_bytes = dirty << ARENA_PAGE_SHIFT;
 }
 
-/* fork: no lane changes hands halfway. */
+/* fork: no lane changes hands halfway, and no purge is between its
+ * rounds (the child would keep extents marked purging). */
 void arena_fork_prepare(void)
 {
+    for (unsigned i = 0; i < lane_count; i++)
+        pthread_mutex_lock(&lanes[i].purge_lock);
     for (unsigned i = 0; i < lane_count; i++)
         lane_lock(&lanes[i]);
 }
 
 void arena_fork_parent(void)
 {
-    for (unsigned i = 0; i < lane_count; i++)
+    for (unsigned i = 0; i < lane_count; i++) {
         lane_unlock(&lanes[i]);
+        pthread_mutex_unlock(&lanes[i].purge_lock);
+    }
 }
 
 void arena_fork_child(void) { arena_fork_parent(); }

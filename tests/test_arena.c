@@ -5,7 +5,8 @@
  * free runs inside go back to the OS after the purge delay, realloc grows
  * and shrinks in place, aligned requests are served from the arenas, calloc
  * of reused pages reads zeros, threads free each other's blocks, and
- * hak_collect(true) unmaps every empty arena. A thread's front keeps the
+ * hak_collect(true) unmaps every empty arena, also while threads allocate
+ * (purges run with the lane unlocked). A thread's front keeps the
  * blocks of up to 64 KiB it freed for its next mallocs, as many as those
  * asked for, until a collect or the purge delay, and stops the program at
  * a link a write after free changed. */
@@ -17,6 +18,7 @@
 #include <malloc.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -363,6 +365,86 @@ static void test_threads(void)
     CHECK(stats().arena_bytes == before);
 }
 
+/* Purges run with the lane unlocked: while collects purge every dirty
+ * page again and again, threads take and free blocks of 17 KiB to 1 MiB
+ * (their top going up and down through the wilderness being purged, and
+ * now and then by 40 MiB, which a free trims) and find every page they
+ * wrote intact when they free it: an extent or a wilderness page handed
+ * out while its madvise was running would read back as zeros. */
+enum { PURGE_WORKERS = 4, PURGE_LIVE = 24, PURGE_STEPS = 600 };
+static _Atomic int purge_workers_left;
+
+static void *purge_worker(void *arg)
+{
+    uint64_t seed = 0x9E3779B97F4A7C15ull * ((uintptr_t)arg + 1);
+    char *live[PURGE_LIVE] = {0};
+    size_t sizes[PURGE_LIVE] = {0};
+    int values[PURGE_LIVE] = {0};
+    intptr_t damaged = 0;
+    for (int step = 0; step < PURGE_STEPS; step++) {
+        seed ^= seed << 13, seed ^= seed >> 7, seed ^= seed << 17;
+        int i = (int)(seed % PURGE_LIVE);
+        if (live[i]) {
+            damaged += !intact(live[i], sizes[i], values[i]) || !hak_owns(live[i]);
+            free(live[i]);
+        }
+        sizes[i] = 17 * KiB + (size_t)(seed >> 20) % (1007 * KiB);
+        values[i] = 1 + step % 251;
+        live[i] = malloc(sizes[i]);
+        fill(live[i], sizes[i], values[i]);
+        if (step % 200 == 0) { /* the top up by 40 MiB and down: a free trims the wilderness */
+            char *tower[40];
+            for (int k = 0; k < 40; k++) {
+                tower[k] = malloc(MiB);
+                fill(tower[k], MiB, k + 1);
+            }
+            for (int k = 39; k >= 0; k--) {
+                damaged += !intact(tower[k], MiB, k + 1);
+                free(tower[k]);
+            }
+        }
+    }
+    for (int i = 0; i < PURGE_LIVE; i++) {
+        damaged += !intact(live[i], sizes[i], values[i]);
+        free(live[i]);
+    }
+    atomic_fetch_sub(&purge_workers_left, 1);
+    return (void *)damaged;
+}
+
+/* With collect, the main thread purges all the while; without, frees
+ * trim the towers' wilderness while other threads of the lane take
+ * from it. */
+static void purges_while_allocating(bool collect)
+{
+    pthread_t threads[PURGE_WORKERS];
+    atomic_store(&purge_workers_left, PURGE_WORKERS);
+    for (int t = 0; t < PURGE_WORKERS; t++)
+        pthread_create(&threads[t], NULL, purge_worker, (void *)(intptr_t)t);
+    int collects = 0;
+    while (collect && atomic_load(&purge_workers_left) > 0) {
+        hak_collect(true);
+        collects++;
+    }
+    intptr_t damaged = 0;
+    for (int t = 0; t < PURGE_WORKERS; t++) {
+        void *d;
+        pthread_join(threads[t], &d);
+        damaged += (intptr_t)d;
+    }
+    printf("purges while allocating: %d collects, %ld damaged blocks\n", collects, (long)damaged);
+    CHECK(damaged == 0 && (!collect || collects > 10));
+}
+
+static void test_purge_while_allocating(void)
+{
+    size_t before = stats().arena_bytes;
+    purges_while_allocating(true);
+    purges_while_allocating(false);
+    hak_collect(true);
+    CHECK(stats().arena_bytes == before && stats().arena_dirty_bytes == 0);
+}
+
 /* A forced collect gives back every free page and unmaps every empty
  * arena: all but the one holding what was live at start (libstdc++'s
  * emergency exception pool is 72 KiB). */
@@ -379,10 +461,14 @@ static void test_collect(size_t live_at_start)
         fprintf(stderr, "test_arena: %zu arenas, %zu bytes, %zu dirty after collect\n", s.arenas, s.arena_bytes, s.arena_dirty_bytes);
 }
 
-int main(void)
+int main(int argc, char **argv)
 {
     setvbuf(stdout, NULL, _IONBF, 0);
     check_expected_build();
+    if (argc > 1 && !strcmp(argv[1], "purges")) { /* alone, under a small HAKMEM_ARENA_TRIM: a trim at most frees */
+        test_purge_while_allocating();
+        return check_summary("test_arena purges");
+    }
     size_t live_at_start = stats().arena_bytes;
     test_served();
     test_front();
@@ -395,6 +481,7 @@ int main(void)
     test_aligned();
     test_calloc();
     test_threads();
+    test_purge_while_allocating();
     test_collect(live_at_start);
     return check_summary("test_arena");
 }
