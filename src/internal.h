@@ -80,17 +80,13 @@ enum seg_kind {
 #define CLASS_COUNT (TINY_CLASSES + (MID_MAX_SHIFT - MID_MIN_SHIFT) * MID_CLASSES_PER_DOUBLING)
 
 extern const uint8_t hak_tiny_class_of[TINY_MAX / 16 + 1];
+extern const uint8_t hak_mid_class_of[SLAB_CLASS_MAX / 128];
 extern uint32_t hak_class_size[CLASS_COUNT];
 extern uint8_t hak_class_span[CLASS_COUNT];
 void sizeclass_init(void);
 
-static inline unsigned mid_class_of(size_t size)
-{
-    /* size in (2^b, 2^(b+1)] maps to one of 8 steps of 2^(b-3). */
-    unsigned b = 63u - (unsigned)__builtin_clzll(size - 1);
-    unsigned step = (unsigned)((size - 1 - ((size_t)1 << b)) >> (b - 3));
-    return TINY_CLASSES + (b - MID_MIN_SHIFT) * MID_CLASSES_PER_DOUBLING + step;
-}
+/* TINY_MAX < size <= SLAB_CLASS_MAX. */
+static inline unsigned mid_class_of(size_t size) { return hak_mid_class_of[(size - 1) >> 7]; }
 
 /* Valid for 0 <= size <= SLAB_CLASS_MAX. */
 static inline unsigned class_of(size_t size)
