@@ -375,17 +375,17 @@ static void *allocate_touched_and_exit(void *arg)
     return NULL;
 }
 
-/* Under TSan the shadow of purged pages stays resident: the samples
- * among the blocks (threads_sampled: 1 MiB of them, in the page arenas)
- * kept 4 MiB of it, the whole margin. */
+/* Under TSan the shadow of purged pages stays resident: with a sample
+ * every 16 allocations (threads_sampled) the samples among the blocks, 1
+ * MiB of them in the page arenas, kept 4 MiB of it, the whole margin
+ * (release: +0.02 MiB). TSan's unsampled run (threads) keeps the check. */
 static bool rss_back_near(const hak_stats_t *st, const hak_stats_t *before)
 {
 #ifdef __SANITIZE_THREAD__
-    (void)st, (void)before;
-    return true;
-#else
-    return st->rss_bytes < before->rss_bytes + (4u << 20);
+    if (getenv("HAKMEM_PROFILE_SAMPLE"))
+        return true;
 #endif
+    return st->rss_bytes < before->rss_bytes + (4u << 20);
 }
 
 static void test_orphan_drained_asleep(void)
