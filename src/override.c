@@ -191,14 +191,3 @@ HAK_EXPORT size_t hak_tiny_class_bytes(int class_index)
     }
     return superslab_class_bytes((unsigned)class_index);
 }
-
-/* ---- entry points for override_new.cc (hidden) --------------------------------- */
-
-void *hak_cxx_alloc(size_t size, uintptr_t site) { return hak_alloc(size, site); }
-
-void *hak_cxx_alloc_aligned(size_t align, size_t size, uintptr_t site)
-{
-    return is_power_of_two(align) ? hak_alloc_aligned(align, size, site) : NULL;
-}
-
-void hak_cxx_free(void *p) { hak_free_checked(p, "operator delete"); }

@@ -1,6 +1,6 @@
 // A C++ workload: std::map and std::string churn, printing a checksum that
 // must not depend on the allocator. With --check it also verifies the
-// operator new family (alignment, nothrow, bad_alloc) and, when
+// operator new family (alignment, nothrow, the new_handler, bad_alloc) and, when
 // hak_owns is present (hakmem preloaded or linked), that new's memory is
 // hakmem's.
 #include <dlfcn.h>
@@ -13,6 +13,8 @@
 #include <new>
 #include <string>
 #include <vector>
+
+#include "cxx_new_failure.h"
 
 static int failures;
 #define EXPECT(cond)                                                     \
@@ -45,6 +47,7 @@ static void check_operators(bool (*owns)(const void *))
         threw = true;
     }
     EXPECT(threw);
+    failures += new_failure::check("cxx_churn");
     void *aligned = ::operator new(100, std::align_val_t(4096), std::nothrow);
     EXPECT(aligned && reinterpret_cast<std::uintptr_t>(aligned) % 4096 == 0);
     if (owns) {

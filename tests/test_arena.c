@@ -299,6 +299,7 @@ static void test_calloc(void)
         memset(p, 0xAB, 500 * KiB);
         keep_stores(p);
         char *guard = heap_malloc(100 * KiB); /* keeps p's pages off the top: not trimmed */
+        keep_stores(guard); /* else GCC drops the guard's malloc and free */
         free(p);
         if (purged)
             hak_collect(true);
