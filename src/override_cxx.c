@@ -21,7 +21,8 @@
 #include <dlfcn.h>
 
 typedef void (*new_handler_t)(void);
-typedef struct nothrow_tag nothrow_t; /* std::nothrow_t, passed by reference, never read */
+typedef struct nothrow_tag { char empty; } nothrow_t; /* std::nothrow_t: passed by reference, never read */
+static const nothrow_t nothrow_value;
 
 /* libstdc++'s definition of name; with `next`, a name hakmem defines too. */
 static void *cxx_runtime(const char *name, bool next)
@@ -58,11 +59,11 @@ static __attribute__((noinline, cold)) void *new_failed(size_t size, size_t alig
         if (align) {
             void *(*nothrow_new)(size_t, size_t, const nothrow_t *) = (void *(*)(size_t, size_t, const nothrow_t *))
                 cxx_runtime("_ZnwmSt11align_val_tRKSt9nothrow_t", true);
-            return nothrow_new ? nothrow_new(size, align, NULL) : NULL;
+            return nothrow_new ? nothrow_new(size, align, &nothrow_value) : NULL;
         }
         void *(*nothrow_new)(size_t, const nothrow_t *) =
             (void *(*)(size_t, const nothrow_t *))cxx_runtime("_ZnwmRKSt9nothrow_t", true);
-        return nothrow_new ? nothrow_new(size, NULL) : NULL;
+        return nothrow_new ? nothrow_new(size, &nothrow_value) : NULL;
     }
     for (; handler; handler = get_handler()) {
         handler(); /* may free memory, throw, or end the program */
