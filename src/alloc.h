@@ -53,6 +53,9 @@ static inline void *hak_alloc_class(unsigned c, size_t size, uintptr_t site)
  * charges and the large tier keys BigCache on. */
 #define HAK_CALLER ((uintptr_t)__builtin_return_address(0))
 
+/* The alignments aligned_alloc, posix_memalign and aligned new accept. */
+static inline bool is_power_of_two(size_t x) { return x && !(x & (x - 1)); }
+
 static inline void *hak_alloc(size_t size, uintptr_t site)
 {
     if (likely(size <= TINY_MAX))

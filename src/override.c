@@ -27,8 +27,6 @@ static inline void *calloc_impl(size_t n, size_t size, uintptr_t site)
     return hak_calloc_slow(total, site);
 }
 
-static bool is_power_of_two(size_t x) { return x && !(x & (x - 1)); }
-
 static inline void *aligned_alloc_impl(size_t align, size_t size, uintptr_t site)
 {
     if (!is_power_of_two(align)) {

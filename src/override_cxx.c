@@ -42,7 +42,7 @@ static void *new_block(size_t size, size_t align, uintptr_t site)
 {
     if (!align)
         return hak_alloc(size, site);
-    return align & (align - 1) ? NULL : hak_alloc_aligned(align, size, site);
+    return is_power_of_two(align) ? hak_alloc_aligned(align, size, site) : NULL;
 }
 
 /* A new that found no memory: the standard's loop through the
