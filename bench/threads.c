@@ -7,7 +7,8 @@
  *  batch:    each thread on its own: allocate 1000 blocks of 8..1024 B,
  *            free them all, again (the threadtest pattern);
  *  mid:      each thread on its own keeps 64 live blocks of 1..64 KiB and
- *            replaces a random one at each step (xmalloc-like, mid tier).
+ *            replaces a random one at each step (xmalloc-like, mid tier);
+ *  mid4k:    the same with blocks of 4 KiB only (one size of buffer).
  * Reports M ops/s (a malloc or a free is one op) and RSS at the end.
  * Usage: threads larson|prodcons|churn|batch|mid THREADS OPS_PER_THREAD */
 #include "common.h"
@@ -94,6 +95,8 @@ static void *batch(void *arg)
 }
 
 enum { MID_LIVE = 64 };
+static size_t mid_fixed_size; /* mid4k: every block this size */
+
 static void *mid(void *arg)
 {
     uint64_t seed = 0x9E3779B97F4A7C15ull ^ ((uintptr_t)arg + 7);
@@ -102,7 +105,7 @@ static void *mid(void *arg)
         uint64_t r = rng_next(&seed);
         void **slot = &live[r % MID_LIVE];
         free(*slot);
-        *slot = malloc(1024 + (r >> 16) % (63 * 1024));
+        *slot = malloc(mid_fixed_size ? mid_fixed_size : 1024 + (r >> 16) % (63 * 1024));
         memset(*slot, 1, 64);
     }
     for (int i = 0; i < MID_LIVE; i++)
@@ -129,6 +132,10 @@ static long run(const char *workload)
         return run_each(batch);
     if (!strcmp(workload, "mid"))
         return run_each(mid);
+    if (!strcmp(workload, "mid4k")) {
+        mid_fixed_size = 4096;
+        return run_each(mid);
+    }
     if (!strcmp(workload, "prodcons")) {
         int pairs = nthreads > 1 ? nthreads / 2 : 1;
         channels = calloc((size_t)pairs, sizeof *channels);
@@ -158,7 +165,7 @@ static long run(const char *workload)
 int main(int argc, char **argv)
 {
     if (argc != 4)
-        return fprintf(stderr, "usage: threads larson|prodcons|churn|batch|mid THREADS OPS_PER_THREAD\n"), 2;
+        return fprintf(stderr, "usage: threads larson|prodcons|churn|batch|mid|mid4k THREADS OPS_PER_THREAD\n"), 2;
     nthreads = atoi(argv[2]);
     if (nthreads < 1 || nthreads > 64)
         return 2;

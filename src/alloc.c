@@ -17,7 +17,10 @@ static void *fail_enomem(void)
 
 /* A block of mid class c, inside the owner's mark (heap_mid_enter): the
  * purger flushes the mid caches under a claim. Everything but a pop from
- * the cache takes the call, so that the pop needs no stack frame. */
+ * the cache or the stash takes the call, so that the pop needs no stack
+ * frame. A sample with the cache empty is timed on a pop from the stash,
+ * not on a refill, which would switch slabs while the stash holds blocks
+ * (HAKMEM_PROFILE_SAMPLE=16: one malloc in 20 did). */
 static HAK_NOINLINE void *hak_alloc_mid_slow(unsigned c, size_t size, uintptr_t site)
 {
     heap_t *heap = heap_get();
@@ -25,18 +28,40 @@ static HAK_NOINLINE void *hak_alloc_mid_slow(unsigned c, size_t size, uintptr_t 
         return NULL;
     while (unlikely(!heap_mid_enter(heap)))
         heap_mid_wait(heap);
-    void *b = hak_alloc_from(heap, c, size, site);
+    void **stash = heap_stash(heap, c), *b;
+    if (!heap->cache[c] && *stash) {
+        uint64_t start = hak_ticks();
+        b = *stash;
+        *stash = block_next(b);
+        --*heap_stash_count(heap, c);
+        block_handed_out(b);
+        if (--heap->sample_left <= 0)
+            b = sample_take(heap, c, b, size, site, hak_ticks() - start);
+    } else {
+        b = hak_alloc_from(heap, c, size, site);
+    }
     heap_mid_leave(heap);
     return b;
 }
 
+/* The cache first, then the stash, whose blocks are warm too. */
 static inline void *hak_alloc_mid(unsigned c, size_t size, uintptr_t site)
 {
     heap_t *heap = heap_get();
-    if (likely(heap_mid_enter(heap))) { /* hak_empty_heap: a NULL cache */
+    if (likely(heap_mid_enter(heap))) { /* hak_empty_heap: a NULL cache and stash */
         void *b = heap->cache[c];
         if (likely(b != NULL && heap->sample_left > 1)) {
             heap->cache[c] = cache_next(heap, b);
+            block_handed_out(b);
+            heap->sample_left--;
+            heap_mid_leave(heap);
+            return b;
+        }
+        void **stash = heap_stash(heap, c);
+        b = *stash;
+        if (b != NULL && heap->sample_left > 1) {
+            *stash = block_next(b);
+            --*heap_stash_count(heap, c);
             block_handed_out(b);
             heap->sample_left--;
             heap_mid_leave(heap);
@@ -193,18 +218,44 @@ static void *slab_block_checked(slab_t *s, void *p, const char *op)
     return block;
 }
 
-/* p goes to the cache of its slab's class, if it is a live block's start.
- * The purger changes the slab's fields under its claim: called inside the
+/* p, freed by the owner of s (a mid class), goes to the cache if s is
+ * the current slab, else to the class's stash; false if p is not a live
+ * block's start. A full stash, or in the hardened build, which links a
+ * list only inside one SuperSlab (block_next), a stash of another
+ * SuperSlab, sends p to its slab's own list instead.
+ * The purger changes these lists under its claim: called inside the
  * owner's mark (heap_mid_enter). */
-static inline bool heap_cache_push(heap_t *heap, slab_t *s, void *p)
+static inline bool heap_mid_push(heap_t *heap, slab_t *s, void *p)
 {
     uint64_t offset_times_recip = (uint64_t)((char *)p - s->start) * s->recip;
     if (unlikely((offset_times_recip & RECIP_REMAINDER_BITS) || (char *)p >= s->carved_end || !s->used ||
                  block_is_free(p)))
         return false;
-    void **slot = &heap->cache[s->class_idx];
-    block_link(p, *slot);
-    *slot = p;
+    unsigned c = s->class_idx;
+    if (s == heap->cur[c]) {
+        HAK_COUNT(heap, free_cached);
+        block_link(p, heap->cache[c]);
+        heap->cache[c] = p;
+        return true;
+    }
+    void **stash = heap_stash(heap, c);
+    uint16_t *count = heap_stash_count(heap, c);
+    if ((size_t)*count * s->block_size < HEAP_STASH_BYTES &&
+        (!HAK_SECURE || !*stash || superslab_of(*stash) == superslab_of(p))) {
+        HAK_COUNT(heap, free_stashed);
+        block_link(p, *stash);
+        *stash = p;
+        ++*count;
+        return true;
+    }
+    HAK_COUNT(heap, free_local_slow);
+    if (s->used == 1) {
+        heap_free_last_block(s, p);
+    } else {
+        block_link(p, s->free);
+        s->free = p;
+        s->used--;
+    }
     return true;
 }
 
@@ -227,11 +278,10 @@ static HAK_NOINLINE void hak_free_diagnosed(slab_t *s, void *p, const char *op)
         hak_remote_free(s, block);
         return;
     }
-    HAK_COUNT(heap, free_local_slow);
     if (owner & SLAB_CACHES_FREES) { /* while a claim was on, or an aligned block's interior pointer */
         while (unlikely(!heap_mid_enter(heap)))
             heap_mid_wait(heap);
-        bool pushed = heap_cache_push(heap, s, block);
+        bool pushed = heap_mid_push(heap, s, block);
         heap_mid_leave(heap);
         if (!pushed)
             hak_report_bad_pointer(op, p, "double free");
@@ -239,6 +289,7 @@ static HAK_NOINLINE void hak_free_diagnosed(slab_t *s, void *p, const char *op)
             heap_mid_cached(heap);
         return;
     }
+    HAK_COUNT(heap, free_local_slow);
     if (unlikely(s->used == 0)) {
         hak_report_bad_pointer(op, p, "double free");
         return;
@@ -252,13 +303,13 @@ static HAK_NOINLINE void hak_free_diagnosed(slab_t *s, void *p, const char *op)
     s->used--;
 }
 
-/* Frees the fast path did not take. The owner's into the current slab of
- * a mid class (the SLAB_CACHES_FREES flag) go to the cache, to be the next
+/* Frees the fast path did not take. The owner's of a mid class (the
+ * SLAB_CACHES_FREES flag) go to the cache or the stash, to be the next
  * block handed out while its lines are in L1 (on the slab's list it came
  * back only at the next refill: bench mid 1.15-1.25 times as fast); the
- * slab no longer empties while the thread runs, and the purger flushes the
- * caches. While it does, or if p is odd, the diagnosed path waits or
- * reports. The fast path's compare of the owner word does not look for
+ * slabs no longer empty while the thread runs, and the purger flushes the
+ * caches and stashes. While it does, or if p is odd, the diagnosed path
+ * waits or reports. The fast path's compare of the owner word does not look for
  * the flag: a second compare there cost every tiny malloc/free pair an
  * instruction. */
 void hak_free_irregular(slab_t *s, void *p, const char *op)
@@ -266,10 +317,9 @@ void hak_free_irregular(slab_t *s, void *p, const char *op)
     heap_t *heap = heap_get();
     if (atomic_load_explicit(&s->owner, memory_order_relaxed) == ((uintptr_t)heap | SLAB_CACHES_FREES) &&
         likely(heap_mid_enter(heap))) {
-        bool pushed = heap_cache_push(heap, s, p);
+        bool pushed = heap_mid_push(heap, s, p);
         heap_mid_leave(heap);
         if (likely(pushed)) {
-            HAK_COUNT(heap, free_cached);
             if (unlikely(!atomic_load_explicit(&heap->mid_cached, memory_order_relaxed)))
                 heap_mid_cached(heap);
             return;

@@ -303,20 +303,41 @@ static void slab_set_flag(slab_t *s, uintptr_t flag, bool on)
     atomic_store_explicit(&s->owner, on ? owner | flag : owner & ~flag, memory_order_relaxed);
 }
 
-/* s becomes class c's current slab (NULL: none); the flag that sends its
- * owner's frees to the cache moves with it. Cleared whatever the claims
- * are now: a fork child where membarrier is refused may take over slabs
- * flagged in the parent. */
+/* s becomes class c's current slab (NULL: none). Every slab of a mid
+ * class gets the flag that sends its owner's frees to the cache or the
+ * stash when it first becomes the current one, and keeps it while the
+ * heap (or the one that adopts it) owns it. Without claims it is cleared:
+ * a fork child where membarrier is refused may take over slabs flagged in
+ * the parent. */
 static void heap_set_cur(heap_t *heap, unsigned c, slab_t *s)
 {
     slab_t *old = heap->cur[c];
     if (old == s)
         return;
-    if (old && class_caches_frees(c))
+    if (old && class_caches_frees(c) && !hak_claims_on)
         slab_set_flag(old, SLAB_CACHES_FREES, false);
-    if (s && slab_caches_frees(c))
-        slab_set_flag(s, SLAB_CACHES_FREES, true);
+    if (s && class_caches_frees(c))
+        slab_set_flag(s, SLAB_CACHES_FREES, hak_claims_on);
     heap->cur[c] = s;
+}
+
+/* Class c's stashed blocks go back to their slabs' local lists; true if
+ * one of those slabs is empty now. */
+static bool heap_return_stash(heap_t *heap, unsigned c)
+{
+    void **stash = heap_stash(heap, c);
+    bool emptied = false;
+    for (void *b = *stash, *next; b; b = next) {
+        next = block_next(b);
+        slab_t *s = slab_of(superslab_of(b), b);
+        hak_assert(s->class_idx == c && s->used > 0);
+        block_link(b, s->free);
+        s->free = b;
+        emptied |= --s->used == 0;
+    }
+    *stash = NULL;
+    *heap_stash_count(heap, c) = 0;
+    return emptied;
 }
 
 static void heap_unlink_slab(heap_t *heap, slab_t *s)
@@ -731,6 +752,8 @@ static void heap_take_class(heap_t *heap, heap_t *from, unsigned c)
     if (from->cur[c] && !from->cache[c])
         heap_unkeep(from, from->cur[c]);
     heap_return_cache(from, c);
+    if (!class_is_tiny(c))
+        heap_return_stash(from, c);
     slab_t *list = heap_detach_owned(from, c), *cur = from->cur[c];
     heap_set_cur(from, c, NULL);
     if (cur) {
@@ -827,14 +850,28 @@ static void slab_forget_blocks(slab_t *s)
         os_purge(s->start, touched);
 }
 
-/* Under the claim: the mid caches go back to their slabs, with what other
- * threads freed into them; an emptied slab forgets its blocks, and the
- * pages inside the free blocks of the others go back to the OS. The
- * front to the page arenas empties too. */
+/* Under the claim: the class's other slabs that the stash's return
+ * emptied forget their blocks as the current one does; they stay on the
+ * owned list (see slab_forget_blocks) for a refill to take or a collect to
+ * give back. */
+static void heap_forget_empty_owned(heap_t *heap, unsigned c)
+{
+    slab_t *first = heap->owned[c];
+    for (slab_t *s = first; s; s = s->next == first ? NULL : s->next)
+        if (s->used == 0 && s->carved)
+            slab_forget_blocks(s);
+}
+
+/* Under the claim: the mid caches and stashes go back to their slabs,
+ * with what other threads freed into them; an emptied slab forgets its
+ * blocks, and the pages inside the free blocks of the others go back to
+ * the OS. The front to the page arenas empties too. */
 static void heap_flush_mid_caches(heap_t *heap)
 {
     arena_front_flush(heap);
     for (unsigned c = TINY_CLASSES; c < CLASS_COUNT; c++) {
+        if (*heap_stash(heap, c) && heap_return_stash(heap, c))
+            heap_forget_empty_owned(heap, c);
         slab_t *s = heap->cur[c];
         if (!s || !slab_caches_frees(c) ||
             (!heap->cache[c] && !atomic_load_explicit(&s->remote, memory_order_relaxed)))

@@ -98,7 +98,7 @@ static inline unsigned class_of(size_t size)
 
 static inline bool class_is_tiny(unsigned c) { return c < TINY_CLASSES; }
 
-/* The mid classes: the owner's frees of the current slab go to the cache
+/* The mid classes: the owner's frees go to the cache or the stash
  * (hak_free_irregular), and their mallocs mark the heap against the
  * purger's claim (heap_mid_enter). Not the tiny classes, where the cache
  * push cost interleaved 16 B 6-12% (the flag takes every free of the
@@ -148,7 +148,7 @@ struct heap;
  * path tests "owned by the caller and nothing special" with one compare. */
 enum slab_flag {
     SLAB_ALIGNED = 1, /* holds over-allocated aligned blocks: interior frees allowed */
-    SLAB_CACHES_FREES = 2, /* its owner's current slab of a class whose frees go to the cache */
+    SLAB_CACHES_FREES = 2, /* its owner's frees go to the cache or the stash (a mid class) */
     SLAB_FLAGS = 3,
 };
 
@@ -352,6 +352,7 @@ enum heap_state { HEAP_LIVE, HEAP_ORPHAN, HEAP_FREE, HEAP_DEAD };
     X(free_local, "free: same thread, fast path")                                             \
     X(free_local_slow, "free: same thread, slow path (last block, aligned blocks)")           \
     X(free_cached, "free: same thread, current mid slab, to the cache")                       \
+    X(free_stashed, "free: same thread, other mid slab, to the stash")                        \
     X(free_remote, "free: another thread's slab, pushed onto its remote list")                \
     X(free_large, "free: large block")
 #define HAK_COUNTER_ENUM(name, what) HAK_CNT_##name,
@@ -368,6 +369,14 @@ enum { HAK_COUNTER_LIST(HAK_COUNTER_ENUM) HAK_COUNTER_COUNT };
  * beyond it an emptied slab goes back to its SuperSlab, where the purger
  * can reach its pages. This bounds what a sleeping thread holds dirty. */
 #define HEAP_KEPT_EMPTY_BYTES ((size_t)1 << 20)
+
+/* A mid class's stash holds up to this many bytes of blocks; the owner's
+ * further frees of its other slabs go to their slabs' lists, where they
+ * can empty a slab for any class to reuse before the purger's flush. A
+ * random replacement needs a block or two (the next malloc takes the one
+ * just freed); a program that frees thousands at once keeps its slabs'
+ * pages reusable by the other classes. */
+#define HEAP_STASH_BYTES ((size_t)64 << 10)
 
 /* BigCache's front in a heap (bigcache.c): the large block its thread
  * freed last, which the owner takes and puts with relaxed (plain) accesses
@@ -437,11 +446,22 @@ typedef struct heap_profile {
 
 /* Per-thread state. The allocation fast path pops cache[c]: a list of free
  * blocks of cur[c], the slab it is filled from. Heaps are never unmapped
- * (a remote free may still read one). */
+ * (a remote free may still read one).
+ *
+ * The owner's frees of a mid class go to the cache if their slab is the
+ * current one, else to the class's stash, which its mallocs take from
+ * when the cache is empty: returned to their own slabs, a program that
+ * keeps a few dozen blocks of 4 KiB and replaces them at random spread
+ * its frees over 5 slabs, and three mallocs in four took a slab switch to
+ * find one (28 ns a pair, 12 with the stash, tcmalloc 6: docs/benchmarks.md,
+ * session 26). Stashed blocks count as used in their slabs until the
+ * purger, a collect or the thread's exit hands them back. */
 typedef struct heap {
     void *cache[CLASS_COUNT];   /* free blocks of cur[c], ready to hand out */
     slab_t *cur[CLASS_COUNT];   /* the slab the cache is filled from, or NULL */
     slab_t *owned[CLASS_COUNT]; /* the class's other slabs: a circular list, searched in turn */
+    void *stash[CLASS_COUNT - TINY_CLASSES]; /* a mid class's freed blocks of its other slabs */
+    uint16_t stash_count[CLASS_COUNT - TINY_CLASSES]; /* blocks in each, up to HEAP_STASH_BYTES */
     /* The SuperSlabs this heap carves slabs from, binned by their longest
      * run of free pages (bin 31: empty), so that a slab of k pages is
      * placed in the SuperSlab with the shortest run that holds it. */
@@ -507,6 +527,10 @@ static inline void heap_mid_leave(heap_t *heap)
 {
     atomic_store_explicit(&heap->mid_busy, false, memory_order_release);
 }
+
+/* Class c's stash (a mid class), and how many blocks it holds. */
+static inline void **heap_stash(heap_t *heap, unsigned c) { return &heap->stash[c - TINY_CLASSES]; }
+static inline uint16_t *heap_stash_count(heap_t *heap, unsigned c) { return &heap->stash_count[c - TINY_CLASSES]; }
 
 void heap_mid_wait(heap_t *heap); /* until the purger's claim is over */
 void heap_mid_cached(heap_t *heap); /* a free went to a mid cache */

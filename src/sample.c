@@ -371,8 +371,13 @@ void *sample_take(heap_t *heap, unsigned c, void *b, size_t size, uintptr_t site
     }
     if (!tracked)
         return b;
-    block_link(b, heap->cache[c]);
-    heap->cache[c] = b;
+    void **home = &heap->cache[c]; /* b goes back where it came from */
+    if (!class_is_tiny(c) && slab_of(superslab_of(b), b) != heap->cur[c]) {
+        home = heap_stash(heap, c);
+        ++*heap_stash_count(heap, c);
+    }
+    block_link(b, *home);
+    *home = b;
     return tracked;
 }
 
