@@ -296,33 +296,38 @@ static void heap_return_cache(heap_t *heap, unsigned c)
  * purger's claim of those caches needs membarrier. */
 static bool slab_caches_frees(unsigned c) { return class_caches_frees(c) && hak_claims_on; }
 
-/* Only the owner changes the flags; other threads just read the word. */
-static void slab_set_flag(slab_t *s, uintptr_t flag, bool on)
+/* Where the owner's frees of s go, as its owner word's mid flag (0: to
+ * the slab's list). Only the owner changes it; other threads just read
+ * the word. */
+static void slab_set_mid_flag(slab_t *s, uintptr_t flag)
 {
     uintptr_t owner = atomic_load_explicit(&s->owner, memory_order_relaxed);
-    atomic_store_explicit(&s->owner, on ? owner | flag : owner & ~flag, memory_order_relaxed);
+    atomic_store_explicit(&s->owner, (owner & ~(uintptr_t)SLAB_MID_FLAGS) | flag, memory_order_relaxed);
 }
 
-/* s becomes class c's current slab (NULL: none). Every slab of a mid
- * class gets the flag that sends its owner's frees to the cache or the
- * stash when it first becomes the current one, and keeps it while the
- * heap (or the one that adopts it) owns it. Without claims it is cleared:
- * a fork child where membarrier is refused may take over slabs flagged in
- * the parent. */
+/* s becomes class c's current slab (NULL: none). For a mid class, its
+ * owner's frees go to the cache (SLAB_CACHES_FREES), and those of the
+ * slab it replaces, which stays owned, to the stash (SLAB_STASHES_FREES):
+ * the free path tells them apart by one compare of the owner word each.
+ * Without claims both are cleared: a fork child where membarrier is
+ * refused may take over slabs flagged in the parent. */
 static void heap_set_cur(heap_t *heap, unsigned c, slab_t *s)
 {
     slab_t *old = heap->cur[c];
     if (old == s)
         return;
-    if (old && class_caches_frees(c) && !hak_claims_on)
-        slab_set_flag(old, SLAB_CACHES_FREES, false);
-    if (s && class_caches_frees(c))
-        slab_set_flag(s, SLAB_CACHES_FREES, hak_claims_on);
+    if (class_caches_frees(c)) {
+        if (old)
+            slab_set_mid_flag(old, hak_claims_on ? SLAB_STASHES_FREES : 0);
+        if (s)
+            slab_set_mid_flag(s, hak_claims_on ? SLAB_CACHES_FREES : 0);
+    }
     heap->cur[c] = s;
 }
 
 /* Class c's stashed blocks go back to their slabs' local lists; true if
- * one of those slabs is empty now. */
+ * one of those slabs is empty now. None is the current slab: a slab
+ * becomes current only at a refill, which runs with the stash empty. */
 static bool heap_return_stash(heap_t *heap, unsigned c)
 {
     void **stash = heap_stash(heap, c);
@@ -330,7 +335,7 @@ static bool heap_return_stash(heap_t *heap, unsigned c)
     for (void *b = *stash, *next; b; b = next) {
         next = block_next(b);
         slab_t *s = slab_of(superslab_of(b), b);
-        hak_assert(s->class_idx == c && s->used > 0);
+        hak_assert(s->class_idx == c && s->used > 0 && s != heap->cur[c]);
         block_link(b, s->free);
         s->free = b;
         emptied |= --s->used == 0;

@@ -148,8 +148,10 @@ struct heap;
  * path tests "owned by the caller and nothing special" with one compare. */
 enum slab_flag {
     SLAB_ALIGNED = 1, /* holds over-allocated aligned blocks: interior frees allowed */
-    SLAB_CACHES_FREES = 2, /* its owner's frees go to the cache or the stash (a mid class) */
-    SLAB_FLAGS = 3,
+    SLAB_CACHES_FREES = 2, /* its owner's current slab of a mid class: frees go to the cache */
+    SLAB_STASHES_FREES = 4, /* its owner's other slab of a mid class: frees go to the stash */
+    SLAB_MID_FLAGS = SLAB_CACHES_FREES | SLAB_STASHES_FREES,
+    SLAB_FLAGS = 7,
 };
 
 /* One slab: a run of 64 KiB pages holding blocks of one size class. Local
@@ -449,7 +451,8 @@ typedef struct heap_profile {
  * (a remote free may still read one).
  *
  * The owner's frees of a mid class go to the cache if their slab is the
- * current one, else to the class's stash, which its mallocs take from
+ * current one, else to the class's stash (the slab's flag in its owner
+ * word says which), which its mallocs take from
  * when the cache is empty: returned to their own slabs, a program that
  * keeps a few dozen blocks of 4 KiB and replaces them at random spread
  * its frees over 5 slabs, and three mallocs in four took a slab switch to
@@ -527,6 +530,8 @@ static inline void heap_mid_leave(heap_t *heap)
 {
     atomic_store_explicit(&heap->mid_busy, false, memory_order_release);
 }
+
+_Static_assert(_Alignof(heap_t) > SLAB_FLAGS, "a heap's address leaves the owner word's flag bits clear");
 
 /* Class c's stash (a mid class), and how many blocks it holds. */
 static inline void **heap_stash(heap_t *heap, unsigned c) { return &heap->stash[c - TINY_CLASSES]; }
