@@ -72,6 +72,69 @@ static void test_flush_class(void)
     CHECK(hak_tiny_class_bytes(hak_tiny_class_count()) == (size_t)-1 && errno == EINVAL);
 }
 
+/* A debug counter's value in the report of a HAKMEM_COUNTERS build. */
+static uint64_t report_counter(const char *label)
+{
+    static char text[1 << 16]; /* not open_memstream: its buffer would not be hakmem's */
+    FILE *out = fmemopen(text, sizeof text - 1, "w");
+    if (!out)
+        return 0;
+    hak_stats_print(out);
+    fclose(out);
+    const char *at = strstr(text, label);
+    if (!at)
+        return 0;
+    while (at > text && at[-1] != '\n')
+        at--;
+    return strtoull(at, NULL, 10);
+}
+
+/* 64 live blocks of 1 KiB fill one slab; freed and taken back at random,
+ * they found one block at a time there, and every malloc took a refill.
+ * The class takes a second slab instead (two at most), and the refills
+ * come in batches. The blocks keep their bytes, and a flush gives both
+ * slabs back. */
+static void test_random_replacement(void)
+{
+    enum { LIVE = 64, ROUNDS = 20000 };
+    const size_t size = 1024;
+    const int cls = hak_tiny_size_class(size);
+    static const char refill_label[] = "refill: took the current slab's local free list";
+    char *live[LIVE];
+    for (int i = 0; i < LIVE; i++) {
+        live[i] = malloc(size);
+        CHECK(live[i] && hak_owns(live[i]));
+        memset(live[i], i, size);
+    }
+    hak_stats_t filled, churned, flushed;
+    hak_stats_get(&filled);
+    uint64_t refills_before = report_counter(refill_label), seed = 2463534242u;
+    int bad = 0;
+    for (int i = 0; i < ROUNDS; i++) {
+        int k = (int)(rng(&seed) % LIVE);
+        bad += live[k][0] != (char)k || live[k][size - 1] != (char)k;
+        free(live[k]);
+        live[k] = malloc(size);
+        memset(live[k], k, size);
+    }
+    hak_stats_get(&churned);
+    uint64_t refills = report_counter(refill_label) - refills_before;
+    for (int i = 0; i < LIVE; i++)
+        free(live[i]);
+    CHECK(hak_tiny_magazine_flush(cls) == 0);
+    hak_stats_get(&flushed);
+    printf("random replacement: %d of %d blocks of %zu B: tiny slabs %zu -> %zu, %llu refills from "
+           "the current slab (counted in HAKMEM_COUNTERS builds)\n",
+           ROUNDS, LIVE, size, filled.tiny_slabs, churned.tiny_slabs, (unsigned long long)refills);
+    CHECK(bad == 0);
+    CHECK(churned.tiny_slabs <= filled.tiny_slabs + 2); /* other classes may give slabs back meanwhile */
+#ifdef HAKMEM_COUNTERS
+    CHECK(refills < ROUNDS / 4); /* 19,975 before */
+#endif
+    CHECK(flushed.tiny_slabs < churned.tiny_slabs);
+    CHECK(hak_tiny_class_bytes(cls) == 0);
+}
+
 /* 64 MiB in tiny blocks of every size, freed in random order: after a
  * flush RSS is back within 2.5 MiB of the start. */
 static void test_rss_back(void)
@@ -130,6 +193,7 @@ int main(void)
 {
     test_class_api();
     test_flush_class();
+    test_random_replacement();
 #ifndef __SANITIZE_THREAD__ /* TSan's shadow memory swamps RSS */
     test_rss_back();
 #endif
