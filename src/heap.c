@@ -641,60 +641,54 @@ static bool slab_would_carve(slab_t *s)
            !atomic_load_explicit(&s->remote, memory_order_relaxed);
 }
 
-/* Another owned slab for the cache that is not scarce, or NULL. */
-static slab_t *heap_pick_plenty(heap_t *heap, unsigned c)
+/* Another slab for class c's cache: an owned one, else an exited thread's
+ * heap taken over (its slabs join the owned ones), else a new slab; NULL
+ * if none could be had. With plenty, an owned slab must not be scarce:
+ * the current one is, and a program whose live blocks of one size filled
+ * their slab, freeing and taking them back at random, found one block at
+ * a time there (1 KiB blocks, 64 live: a refill at every malloc, 268
+ * instructions an iteration against tcmalloc's 145, 147 now:
+ * docs/benchmarks.md, session 27). So a class grows until the slabs a
+ * refill looks at hold SCARCE_BLOCKS free blocks; tiny slabs hold 64 at
+ * least. */
+static inline slab_t *heap_another_slab(heap_t *heap, unsigned c, bool plenty)
 {
-    slab_t *s = heap_pick_slab(heap, c);
-    if (s && slab_is_scarce(s)) {
-        list_push_back(&heap->owned[c], s);
-        return NULL;
-    }
-    return s;
-}
-
-/* Class c's current slab s is scarce: an owned slab that is not takes
- * its place, else an exited thread's heap is taken over as for any
- * refill, else the class grows by a new slab. A program whose live blocks
- * of one size filled their slab, freeing and taking them back at random,
- * found one block at a time there (1 KiB blocks, 64 live: a refill at
- * every malloc, 268 instructions an iteration against tcmalloc's 145,
- * 147 now: docs/benchmarks.md, session 27). A class grows until the slabs
- * a refill looks at hold SCARCE_BLOCKS free blocks; tiny slabs hold 64
- * at least. False if no slab could be had: s's few blocks must do. */
-static bool heap_replace_scarce(heap_t *heap, unsigned c, slab_t *s)
-{
-    if (heap_take_hint(heap, c))
-        heap_drain_class(heap, c);
-    slab_t *other = heap_pick_plenty(heap, c);
-    if (!other && heap_absorb_waiting_orphan(heap)) {
+    for (;;) {
+        if (heap_take_hint(heap, c))
+            heap_drain_class(heap, c);
+        slab_t *s = heap_pick_slab(heap, c);
+        if (s && plenty && slab_is_scarce(s)) {
+            list_push_back(&heap->owned[c], s);
+            s = NULL;
+        }
+        if (s) {
+            HAK_COUNT(heap, refill_switch);
+            return s;
+        }
+        if (!heap_absorb_waiting_orphan(heap))
+            break;
         HAK_COUNT(heap, refill_orphan);
-        other = heap_pick_plenty(heap, c);
     }
-    if (other) {
-        HAK_COUNT(heap, refill_switch);
-    } else {
-        HAK_COUNT(heap, refill_new_slab);
-        if (!(other = heap_new_slab(heap, c)))
-            return false;
-    }
-    list_push_back(&heap->owned[c], s);
-    heap_set_cur(heap, c, other);
-    heap->slab_refills++;
-    return true;
+    HAK_COUNT(heap, refill_new_slab);
+    return heap_new_slab(heap, c);
 }
 
-/* Fill heap->cache[c], which is empty. */
+/* Fill heap->cache[c], which is empty. A scarce current slab gives way to
+ * another if one can be had, else its few blocks do. */
 static bool heap_refill(heap_t *heap, unsigned c)
 {
     for (;;) {
-        slab_t *s = heap->cur[c];
-        if (s && slab_is_scarce(s) && heap_replace_scarce(heap, c, s))
-            s = heap->cur[c];
+        slab_t *s = heap->cur[c], *other;
+        if (s && slab_is_scarce(s) && (other = heap_another_slab(heap, c, true))) {
+            list_push_back(&heap->owned[c], s);
+            heap_set_cur(heap, c, s = other);
+            heap->slab_refills++;
+        }
         if (s && slab_would_carve(s) && heap_take_hint(heap, c)) {
             /* Blocks other threads gave back come before new ones: they
              * are warm, and carving would grow RSS while they wait. */
             heap_drain_class(heap, c);
-            slab_t *other = heap_pick_slab(heap, c);
+            other = heap_pick_slab(heap, c);
             if (other) {
                 HAK_COUNT(heap, refill_switch);
                 list_push_back(&heap->owned[c], s);
@@ -711,20 +705,8 @@ static bool heap_refill(heap_t *heap, unsigned c)
             list_push_back(&heap->owned[c], s); /* exhausted: looked at last */
             heap_set_cur(heap, c, NULL);
         }
-        if (heap_take_hint(heap, c))
-            heap_drain_class(heap, c);
-        s = heap_pick_slab(heap, c);
-        if (s) {
-            HAK_COUNT(heap, refill_switch);
-        } else if (heap_absorb_waiting_orphan(heap)) {
-            HAK_COUNT(heap, refill_orphan);
-            continue;
-        } else {
-            HAK_COUNT(heap, refill_new_slab);
-            s = heap_new_slab(heap, c);
-            if (!s)
-                return false;
-        }
+        if (!(s = heap_another_slab(heap, c, false)))
+            return false;
         heap_set_cur(heap, c, s);
         heap->slab_refills++;
     }
