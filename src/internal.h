@@ -55,7 +55,7 @@ void hak_assert_fail(const char *cond, const char *file, int line) __attribute__
 enum seg_kind {
     SEG_NONE = 0,           /* not hakmem's */
     SEG_SUPERSLAB = 1,      /* a SuperSlab header is at the chunk start */
-    SEG_LARGE_HEAD = 2,     /* a large block's header is at the chunk start */
+    SEG_LARGE_HEAD = 2,     /* a large block starts the chunk; its header is in the page before */
     SEG_LARGE_INTERIOR = 3, /* inside a large mapping; header in an earlier chunk */
     SEG_SAMPLED = 4,        /* a chunk of the sample arena (sample.c) */
     SEG_ARENA = 5,          /* a chunk of a page arena (arena.c): the header is at the arena's start */
@@ -664,6 +664,7 @@ typedef struct large_hdr {
     uint32_t site_rules;   /* the site's rules when it was allocated (enum site_rule) */
     uint32_t site_index;   /* in the site table */
     uint32_t fresh;        /* its pages were new or purged when handed out */
+    uint32_t huge;         /* its mapping asked for transparent huge pages */
     size_t size;           /* the size asked for */
     uint64_t born;         /* hak_ticks() at a timed allocation, else 0: lifetimes */
     char *map_base;        /* the whole mapping */
@@ -674,9 +675,8 @@ typedef struct large_hdr {
     uint64_t cached_at_ms; /* when BigCache took it */
 } large_hdr_t;
 
-#define LARGE_HEADER_SIZE 128
-
 extern _Atomic uint64_t hak_large_allocs;
+extern _Atomic uint64_t hak_large_huge;
 
 void *large_alloc(size_t size, size_t align, uintptr_t site);
 void *large_alloc_zeroed(size_t size, uintptr_t site);
@@ -715,6 +715,7 @@ bool hak_release_caches(void);
 
 enum on_error { ON_ERROR_ABORT, ON_ERROR_WARN };
 enum purge_advice { PURGE_DONTNEED, PURGE_FREE };
+enum hugepages { HUGEPAGES_NEVER, HUGEPAGES_PREWARMED, HUGEPAGES_ALWAYS };
 enum stats_format { STATS_OFF, STATS_TEXT, STATS_JSON };
 enum tune_mode { MODE_BASELINE, MODE_EVOLVING };
 
@@ -731,6 +732,7 @@ typedef struct hak_config {
     long tune_cooldown_s;
     long tune_seed;           /* 0: seeded from the clock */
     int purge_advice;         /* enum purge_advice */
+    int hugepages;            /* enum hugepages: large blocks, read when one is new or purged */
     bool purge_thread;
     bool verbose;
     _Alignas(64) size_t large_threshold;
@@ -865,11 +867,12 @@ bool os_commit(void *p, size_t size);
 void os_release(void *p, size_t size, size_t committed);
 void *os_map_aligned(size_t size, size_t align);
 void *os_map_aligned_at(size_t size, size_t align, size_t offset);
-void *os_remap_aligned(void *p, size_t old_size, size_t new_size, size_t align);
+void *os_remap_aligned(void *p, size_t old_size, size_t new_size, size_t align, size_t offset);
 void os_unmap(void *p, size_t size);
 void os_purge(void *p, size_t size);
 bool os_purged_pages_read_zero(void);
 void os_prefault(void *p, size_t size);
+void os_advise_huge(void *p, size_t size);
 void os_protect(void *p, size_t size, bool accessible);
 void os_membarrier_init(void);
 bool os_membarrier(void);

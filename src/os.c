@@ -114,13 +114,14 @@ void os_release(void *p, size_t size, size_t committed)
 void *os_map_aligned(size_t size, size_t align) { return os_map_aligned_at(size, align, 0); }
 
 /* Grow a mapping to new_size, in place if the next pages are free, else by
- * moving its pages (no copy) to a fresh address aligned to align. */
-void *os_remap_aligned(void *p, size_t old_size, size_t new_size, size_t align)
+ * moving its pages (no copy) to a fresh address q with q + offset aligned
+ * to align. */
+void *os_remap_aligned(void *p, size_t old_size, size_t new_size, size_t align, size_t offset)
 {
     int saved = errno;
     void *q = mremap(p, old_size, new_size, 0);
     if (q == MAP_FAILED) {
-        q = os_map_aligned_at(new_size, align, 0);
+        q = os_map_aligned_at(new_size, align, offset);
         if (q) {
             atomic_fetch_sub_explicit(&hak_mapped_bytes, new_size, memory_order_relaxed);
             if (mremap(p, old_size, new_size, MREMAP_MAYMOVE | MREMAP_FIXED, q) == MAP_FAILED) {
@@ -179,6 +180,16 @@ void os_prefault(void *p, size_t size)
     int saved = errno;
     uintptr_t start = (uintptr_t)p & ~(uintptr_t)(os_page_size() - 1);
     madvise((void *)start, (uintptr_t)p + size - start, MADV_POPULATE_WRITE);
+    errno = saved;
+}
+
+/* Ask the kernel to back the whole 2 MiB chunks of [p, p + size) with
+ * transparent huge pages: one fault and one zeroing per chunk instead of
+ * 512 faults. Nothing happens where the system turned them off. */
+void os_advise_huge(void *p, size_t size)
+{
+    int saved = errno;
+    madvise(p, size, MADV_HUGEPAGE);
     errno = saved;
 }
 

@@ -105,7 +105,8 @@ static void print_memory(FILE *out, const hak_stats_t *s)
     fprintf(out, "  mid           %10zu slabs, %10.2f MiB in blocks\n", s->mid_slabs, mib(s->mid_bytes));
     fprintf(out, "  page arenas   %10zu, %10.2f MiB in blocks, %.2f MiB free (%.2f MiB awaiting a purge)\n", s->arenas,
             mib(s->arena_bytes), mib(s->arena_free_bytes), mib(s->arena_dirty_bytes));
-    fprintf(out, "  large         %10llu blocks mapped\n", (unsigned long long)s->large_allocs);
+    fprintf(out, "  large         %10llu blocks mapped, %llu with huge pages\n", (unsigned long long)s->large_allocs,
+            (unsigned long long)s->large_huge);
     uint64_t lookups = s->bigcache_hits + s->bigcache_misses;
     fprintf(out, "  bigcache      %10llu hits, %llu misses (%.1f%% hit rate), %.2f MiB held\n",
             (unsigned long long)s->bigcache_hits, (unsigned long long)s->bigcache_misses,
@@ -243,11 +244,11 @@ HAK_EXPORT void hak_stats_print_json(FILE *out)
     fprintf(out, "{\"version\":\"%s\",\"hardened\":%s,\"memory\":{\"mapped_bytes\":%zu,\"mapped_peak\":%zu,\"superslabs\":%zu,"
                  "\"superslabs_empty\":%zu,\"tiny_slabs\":%zu,\"mid_slabs\":%zu,\"tiny_bytes\":%zu,\"mid_bytes\":%zu,"
                  "\"arenas\":%zu,\"arena_bytes\":%zu,\"arena_free_bytes\":%zu,\"arena_dirty_bytes\":%zu,"
-                 "\"large_allocs\":%llu,\"bigcache_hits\":%llu,\"bigcache_misses\":%llu,\"bigcache_bytes\":%zu,"
-                 "\"slab_refills\":%llu,\"heaps_live\":%zu,\"heaps_orphaned\":%zu},",
+                 "\"large_allocs\":%llu,\"large_huge\":%llu,\"bigcache_hits\":%llu,\"bigcache_misses\":%llu,"
+                 "\"bigcache_bytes\":%zu,\"slab_refills\":%llu,\"heaps_live\":%zu,\"heaps_orphaned\":%zu},",
             HAKMEM_VERSION, s->hardened ? "true" : "false", s->mapped_bytes, s->mapped_peak, s->superslabs, s->superslabs_empty, s->tiny_slabs,
             s->mid_slabs, s->tiny_bytes, s->mid_bytes, s->arenas, s->arena_bytes, s->arena_free_bytes,
-            s->arena_dirty_bytes, (unsigned long long)s->large_allocs,
+            s->arena_dirty_bytes, (unsigned long long)s->large_allocs, (unsigned long long)s->large_huge,
             (unsigned long long)s->bigcache_hits, (unsigned long long)s->bigcache_misses, s->bigcache_bytes,
             (unsigned long long)s->slab_refills, s->heaps_live, s->heaps_orphaned);
     fprintf(out, "\"kpi\":{\"rss_bytes\":%zu,\"rss_peak_bytes\":%zu,\"page_faults_minor\":%llu,"

@@ -19,6 +19,7 @@ HAK_EXPORT void hak_stats_get(hak_stats_t *out)
     uint64_t counters[HAK_COUNTER_COUNT] = {0};
     heaps_totals(&out->heaps_live, &out->heaps_orphaned, &out->slab_refills, counters);
     out->large_allocs = atomic_load(&hak_large_allocs);
+    out->large_huge = atomic_load(&hak_large_huge);
     bigcache_counts(&out->bigcache_hits, &out->bigcache_misses);
     out->bigcache_bytes = bigcache_bytes();
     out->rss_bytes = os_rss_bytes();

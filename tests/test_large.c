@@ -79,11 +79,12 @@ static void test_fit(void)
 }
 
 /* BigCache holds n blocks of `bytes` in all: each block's mapping adds a
- * header page, and in the hardened build a guard page. */
+ * header page, the page its colour (its start two lines into its first
+ * page) pushes its end into, and in the hardened build a guard page. */
 static bool cache_holds(size_t n, size_t bytes)
 {
     size_t held = stats().bigcache_bytes, guard = stats().hardened ? 4096 : 0;
-    return held >= bytes && held <= bytes + n * (4096 + guard);
+    return held >= bytes && held <= bytes + n * (2 * 4096 + guard);
 }
 
 /* n blocks of size from site a, all live at once, then all freed. */
@@ -204,6 +205,33 @@ static void test_realloc_shrink_in_place(void)
     unsigned char *r = realloc(q, 1000);
     CHECK(r && r != q && hak_owns(r) && r[0] == 0 && malloc_usable_size(r) < 4096);
     free(r);
+}
+
+/* realloc growing a block, in place or moved by mremap (other blocks
+ * mapped between the steps take the pages after it): the block keeps its
+ * bytes and starts in the first page of a 2 MiB chunk, so that huge pages
+ * can back its chunks. */
+static void test_realloc_grow_keeps_chunk_start(void)
+{
+    char *p = malloc(3 * MiB), *held[8];
+    CHECK(p && ((uintptr_t)p & (2 * MiB - 1)) < 4096);
+    memset(p, 0x5a, 3 * MiB);
+    size_t filled = 3 * MiB;
+    for (int step = 0; step < 8; step++) {
+        held[step] = malloc(2 * MiB);
+        size_t size = (size_t)(4 + 4 * step) * MiB;
+        char *q = realloc(p, size);
+        CHECK(q && hak_owns(q) && ((uintptr_t)q & (2 * MiB - 1)) < 4096 && malloc_usable_size(q) >= size);
+        if (!q)
+            break;
+        CHECK(q[0] == 0x5a && q[filled - 1] == 0x5a && q[filled / 2] == 0x5a);
+        memset(q, 0x5a, size);
+        filled = size;
+        p = q;
+    }
+    free(p);
+    for (int step = 0; step < 8; step++)
+        free(held[step]);
 }
 
 /* realloc that moves a block (mremap) while other threads map and free
@@ -354,6 +382,7 @@ static void test_front_passed_on_at_exit(void)
 int main(void)
 {
     check_expected_build();
+    test_realloc_grow_keeps_chunk_start();
     test_realloc_moves_under_threads();
     test_realloc_shrink_in_place();
     test_calloc_reuses_cleared();

@@ -11,7 +11,13 @@
  *   lazyfree (and HAKMEM_PURGE_ADVICE=free) purged pages are MADV_FREE'd:
  *            they show as LazyFree, and RSS less LazyFree is back;
  *   prewarm  (HAKMEM_PREWARM=1) a large block, new or reused after a
- *            purge, is touched without page faults. */
+ *            purge, is touched without page faults, and its whole 2 MiB
+ *            chunks are huge pages (HAKMEM_HUGEPAGES=prewarmed, the
+ *            default) or not (prewarm_small: HAKMEM_HUGEPAGES=never);
+ *   hugepages (HAKMEM_HUGEPAGES=always) a large block, new or reused
+ *            after a purge, takes a fault per 2 MiB, not per page: the
+ *            purge does not split its huge pages.
+ * Huge pages are checked where the system lets a program ask for them. */
 #define _GNU_SOURCE
 #include <dirent.h>
 #include <malloc.h>
@@ -192,23 +198,92 @@ static long faults_touching(char *p, size_t size)
     return b.ru_minflt - a.ru_minflt;
 }
 
-static void mode_prewarm(void)
+/* Whether madvise(MADV_HUGEPAGE) can get transparent huge pages here. */
+static bool huge_pages_available(void)
 {
-    long faults[2];
-    for (int round = 0; round < 2; round++) { /* one call site: BigCache reuses the block */
+    FILE *f = fopen("/sys/kernel/mm/transparent_hugepage/enabled", "r");
+    char line[128] = "";
+    if (f) {
+        if (!fgets(line, sizeof line, f))
+            line[0] = 0;
+        fclose(f);
+    }
+    return strstr(line, "[always]") || strstr(line, "[madvise]");
+}
+
+/* The AnonHugePages of the mapping that holds p, in bytes. */
+static size_t huge_bytes_at(const void *p)
+{
+    FILE *f = fopen("/proc/self/smaps", "r");
+    char line[512];
+    bool inside = false;
+    size_t kib = 0;
+    while (f && fgets(line, sizeof line, f)) {
+        uintptr_t lo, hi;
+        if (sscanf(line, "%lx-%lx ", &lo, &hi) == 2)
+            inside = lo <= (uintptr_t)p && (uintptr_t)p < hi;
+        else if (inside && sscanf(line, "AnonHugePages: %zu kB", &kib) == 1)
+            break;
+    }
+    if (f)
+        fclose(f);
+    return kib * 1024;
+}
+
+/* An 8 MiB block from one call site, new and then reused by BigCache after
+ * its purge: the faults touching it, and its huge pages, each time. */
+static void new_and_purged(const char *mode, long faults[2], size_t huge[2])
+{
+    if (!huge_pages_available())
+        printf("%s: transparent huge pages are off here: not checked\n", mode);
+    for (int round = 0; round < 2; round++) {
         hak_stats_t before, after;
         hak_stats_get(&before);
         char *p = malloc(8 * MiB);
         hak_stats_get(&after);
-        CHECK(p && hak_owns(p));
+        CHECK(p && hak_owns(p) && ((uintptr_t)p & (2 * MiB - 1)) < 4096); /* in a chunk's first page */
         CHECK(after.bigcache_hits == before.bigcache_hits + (uint64_t)round);
         faults[round] = faults_touching(p, 8 * MiB);
+        huge[round] = huge_bytes_at(p);
         free(p);
         usleep(400 * 1000); /* past the delay: BigCache purges the block */
     }
-    long fresh = faults[0], reused = faults[1];
-    printf("prewarm: faults touching 8 MiB: new %ld, reused after purge %ld\n", fresh, reused);
-    CHECK(fresh <= 8 && reused <= 8);
+    printf("%s: touching 8 MiB, new: %ld faults, %zu MiB in huge pages; reused after purge: %ld, %zu MiB\n", mode,
+           faults[0], huge[0] >> 20, faults[1], huge[1] >> 20);
+}
+
+static uint64_t large_huge_blocks(void)
+{
+    hak_stats_t s;
+    hak_stats_get(&s);
+    return s.large_huge;
+}
+
+static void mode_prewarm(bool huge_expected)
+{
+    long faults[2];
+    size_t huge[2];
+    new_and_purged(huge_expected ? "prewarm" : "prewarm_small", faults, huge);
+    CHECK(faults[0] <= 8 && faults[1] <= 8);
+    CHECK(large_huge_blocks() == (huge_expected ? 1 : 0));
+    if (!huge_expected || huge_pages_available())
+        CHECK((huge[0] >= 2 * MiB && huge[1] >= 2 * MiB) == huge_expected);
+}
+
+static void mode_hugepages(void)
+{
+    long faults[2];
+    size_t huge[2];
+    new_and_purged("hugepages", faults, huge);
+    CHECK(large_huge_blocks() == 1);
+    if (!huge_pages_available())
+        return;
+    /* The kernel may fall back to small pages where memory is fragmented:
+     * at least one chunk of four, a fault per page only in the others, and
+     * the purge must not split the reused block's huge pages (the first
+     * chunk's, when it spared the header's page inside it). */
+    CHECK(huge[0] >= 2 * MiB && huge[1] >= huge[0]);
+    CHECK(faults[0] <= 8 + (long)((8 * MiB - huge[0]) >> 12) && faults[1] <= 8 + (long)((8 * MiB - huge[1]) >> 12));
 }
 
 int main(int argc, char **argv)
@@ -227,7 +302,11 @@ int main(int argc, char **argv)
     else if (!strcmp(mode, "lazyfree"))
         mode_lazyfree(start);
     else if (!strcmp(mode, "prewarm"))
-        mode_prewarm();
+        mode_prewarm(true);
+    else if (!strcmp(mode, "prewarm_small"))
+        mode_prewarm(false);
+    else if (!strcmp(mode, "hugepages"))
+        mode_hugepages();
     else
         CHECK(!"unknown mode");
     free(blocks);
