@@ -1,7 +1,7 @@
 /* Per-thread heaps: the slow path behind the allocation fast path (refill,
  * remote-free draining, new slabs), thread exit and reuse of what exited
  * threads left, and fork. */
-#include "internal.h"
+#include "alloc.h"
 
 #include <pthread.h>
 #include <sched.h>
@@ -729,6 +729,10 @@ static HAK_NOINLINE void *heap_alloc_refill(heap_t *heap, unsigned c, size_t siz
         heap = heap_thread_init();
         if (!heap)
             return NULL;
+        /* An exited thread's heap, taken over as that thread left it: the
+         * cache may hold blocks already, which a refill would drop. */
+        if (heap->cache[c])
+            return hak_alloc_from(heap, c, size, site);
     }
     if (HAK_SECURE && unlikely(heap->corrupt_link))
         hak_free_list_corrupt(heap->corrupt_link);
@@ -1086,14 +1090,15 @@ static bool threads_recycled(void)
     return adopted && os_now_ms() - adopted < (uint64_t)hak_config.purge_delay_ms;
 }
 
-/* Thread exit: give empty slabs back now and leave the rest for the next
- * thread (or an allocating thread) to take over. Blocks freed later by
- * other threads land on the slabs' remote lists meanwhile. Where threads
- * come and go, the empty SuperSlabs wait in the pool for the purge delay,
- * since the next thread will take them: unmapped at each exit, they were
- * mapped and faulted in again by the next thread (bench_threads churn 4:
- * 9,000 faults and 33 Mops/s, against 4,500 and 48). Otherwise those
- * beyond the reserve are unmapped now, and the dirty pages of the
+/* Thread exit: the heap waits for the next thread (or an allocating
+ * thread) to take it over. Blocks freed later by other threads land on
+ * the slabs' remote lists meanwhile. Where threads come and go, it is
+ * left as it is, caches and current slabs included, since the next thread
+ * will use them: the collect at each exit, and the refills that rebuilt
+ * what it took apart, cost bench_threads churn 2 a fifth of its time
+ * (docs/benchmarks.md, session 28); the purger collects it once it has
+ * waited the purge delay unadopted. Otherwise it is collected now, the
+ * empty SuperSlabs beyond the reserve unmapped and the dirty pages of the
  * thread's arena lane purged: threads that do not come back (a pool that
  * finished its work) leave nothing behind. */
 static void heap_thread_exit(void *arg)
@@ -1103,14 +1108,18 @@ static void heap_thread_exit(void *arg)
         return;
     bigcache_thread_exit();
     bool recycled = threads_recycled();
-    heap_collect(h, !recycled);
-    if (!recycled)
+    if (!recycled) {
+        heap_collect(h, true);
         arena_purge_lane(h->arena_lane);
+    }
     hak_tl_heap = &hak_empty_heap;
     pthread_mutex_lock(&heaps_lock);
+    h->uncollected = recycled;
     heap_push_orphan_locked(h);
     pthread_mutex_unlock(&heaps_lock);
-    if (heap_has_remote_frees(h)) /* freed while it was collected: no free after will say so */
+    /* The purger comes for it a delay from now; after a collect, for the
+     * blocks freed meanwhile: no free after will say so. */
+    if (recycled || heap_has_remote_frees(h))
         heaps_notice_orphan_frees();
     if (hak_config.verbose)
         hak_warn("thread exited; its heap waits for reuse", NULL);
@@ -1182,15 +1191,17 @@ void heaps_notice_orphan_frees(void)
 }
 
 /* Blocks freed into an orphan's slabs wait on their remote lists for the
- * heap's next owner; a program that starts no thread and allocates
- * nothing new (asleep, or done with its pool of workers) has none, and
- * kept them for good (a worker's 113 MiB, freed by the main thread, held
- * through a sleep). The purger drains an orphan once remote frees are
- * announced and it has waited the purge delay since its exit or its last
- * drain: the slabs left empty go back to their SuperSlabs, empty
- * SuperSlabs to the pool, and the heap to its place in the queue (by its
- * exit, so that adoption stays oldest first). Returns when the next
- * orphan with remote frees falls due; else, if frees into orphans were
+ * heap's next owner, and an orphan left uncollected keeps its caches; a
+ * program that starts no thread and allocates nothing new (asleep, or
+ * done with its pool of workers) has no next owner, and kept them for
+ * good (a worker's 113 MiB, freed by the main thread, held through a
+ * sleep). The purger collects an orphan that has remote frees announced
+ * or was left uncollected once it has waited the purge delay since its
+ * exit or its last drain: cached blocks go back to their slabs, the slabs
+ * left empty to their SuperSlabs, empty SuperSlabs to the pool, and the
+ * heap to its place in the queue (by its exit, so that adoption stays
+ * oldest first). Returns when the next
+ * orphan with remote frees or left uncollected falls due; else, if frees into orphans were
  * announced since the last look (their heaps adopted since), a delay from
  * now, so that more of them do not wake the purger each time; else 0. */
 uint64_t heaps_drain_orphans(void)
@@ -1209,7 +1220,7 @@ uint64_t heaps_drain_orphans(void)
         for (heap_t **link = &orphans; *link; link = &(*link)->next_orphan) {
             heap_t *h = *link;
             uint64_t since = h->drained_ms > h->orphaned_ms ? h->drained_ms : h->orphaned_ms;
-            if (!heap_has_remote_frees(h))
+            if (!h->uncollected && !heap_has_remote_frees(h))
                 continue;
             if (since + delay > now) {
                 due = due_earlier(due, since + delay);
@@ -1224,6 +1235,7 @@ uint64_t heaps_drain_orphans(void)
             for (unsigned w = 0; w < (CLASS_COUNT + 63) / 64; w++) /* frees from now on announce themselves */
                 atomic_exchange_explicit(&o->remote_hint[w], 0, memory_order_acquire);
             heap_collect(o, false);
+            o->uncollected = false;
             o->drained_ms = now;
             pthread_mutex_lock(&heaps_lock);
             heap_requeue_orphan_locked(o);

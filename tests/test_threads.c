@@ -214,6 +214,7 @@ static void test_thread_churn(void)
         fprintf(stderr, "churn: %.1f MiB mapped after the first rounds, %.1f after the last\n", first / 1048576,
                 last / 1048576);
     CHECK(last <= 1.5 * first);
+    for (int c = 0; c < 64; c++) if (hak_tiny_class_bytes(c)) fprintf(stderr, "DBG class %d bytes %zu\n", c, hak_tiny_class_bytes(c));
     CHECK(late.heaps_orphaned == 0); /* hak_collect took them all over */
     CHECK(late.tiny_bytes + late.mid_bytes < (1u << 20));
 }
@@ -414,6 +415,66 @@ static void test_orphan_drained_asleep(void)
     CHECK(st.mid_bytes < before.mid_bytes + (1u << 20)); /* the blocks are free again */
     CHECK(rss_back_near(&st, &before));                  /* and their pages went back */
     CHECK(st.heaps_orphaned == 1);                       /* drained where it was, not taken over */
+}
+
+/* Where threads come and go, an exiting thread's heap is left as it is,
+ * caches included, for the next thread to adopt; if none comes, the
+ * purger collects it once the delay has passed, while the program sleeps.
+ * A thread that adopts an exited one's heap makes the exits that follow
+ * within the delay such exits. */
+enum { LEFT_BLOCKS = 1000, LEFT_SIZE = 48, LEFT_CLASS = 2, LEFT_MID_BLOCKS = 256, LEFT_MID_SIZE = 8192 };
+
+static void *malloc_free_one(void *arg)
+{
+    void *volatile block = malloc(LEFT_SIZE); /* the compiler drops free(malloc(n)) */
+    free(block);
+    return arg;
+}
+
+static void *allocate_free_and_exit(void *arg)
+{
+    void *tiny[LEFT_BLOCKS], *mid[LEFT_MID_BLOCKS];
+    allocate_touched(tiny, LEFT_BLOCKS, LEFT_SIZE);
+    allocate_touched(mid, LEFT_MID_BLOCKS, LEFT_MID_SIZE);
+    for (int i = 0; i < LEFT_BLOCKS; i++)
+        free(tiny[i]);
+    for (int i = 0; i < LEFT_MID_BLOCKS; i++)
+        free(mid[i]);
+    malloc_free_one(NULL); /* the cache holds the rest of a refill */
+    return arg;
+}
+
+static void test_uncollected_orphan_asleep(void)
+{
+    hak_collect(true);
+    hak_stats_t before, st;
+    hak_stats_get(&before);
+    CHECK(hak_tiny_class_bytes(LEFT_CLASS) == 0);
+    pthread_t thread;
+    pthread_create(&thread, NULL, malloc_free_one, NULL);
+    pthread_join(thread, NULL);
+    double adopted = now_ms();
+    pthread_create(&thread, NULL, allocate_free_and_exit, NULL); /* adopts the first one's heap */
+    pthread_join(thread, NULL);
+    size_t left = hak_tiny_class_bytes(LEFT_CLASS);
+    hak_stats_get(&st);
+    CHECK(st.heaps_orphaned == 1);
+    if (now_ms() - adopted < 50) /* exited within the delay of the adoption (not so on a loaded machine) */
+        CHECK(left > 0);         /* its cache, left as it was */
+    size_t rss = 0;
+    for (int waited = 0; waited < 3000; waited += 20) {
+        left = hak_tiny_class_bytes(LEFT_CLASS);
+        hak_stats_get(&st);
+        rss = st.rss_bytes;
+        if (left == 0 && rss_back_near(&st, &before))
+            break;
+        usleep(20 * 1000);
+    }
+    printf("uncollected orphan: class bytes %zu, RSS %.1f MiB (before %.1f)\n", left, rss / 1048576.0,
+           before.rss_bytes / 1048576.0);
+    CHECK(left == 0);                  /* the purger collected it */
+    CHECK(rss_back_near(&st, &before)); /* and the pages went back */
+    CHECK(st.heaps_orphaned == 1);     /* where it was, for the next thread */
 }
 
 /* hak_collect from a thread that never allocated: it is given an exited
@@ -870,6 +931,7 @@ int main(int argc, char **argv)
     test_exit_without_successor();
     test_orphan_taken_over();
     test_orphan_drained_asleep();
+    test_uncollected_orphan_asleep();
     test_collect_from_new_thread();
     test_owns_while_collecting();
     test_parked_block();
