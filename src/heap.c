@@ -1171,8 +1171,9 @@ void heaps_collect_orphans(void)
  * (heaps_notice_orphan_frees), cleared by its look. */
 static _Atomic bool orphan_frees_noticed;
 
-/* An orphan got a remote free (its hint bit was just set): the purger is
- * told once per look, and the look keeps it coming back while such frees
+/* An orphan got a remote free (its hint bit was just set), or a thread
+ * left its heap uncollected (heap_thread_exit): the purger is told once
+ * per look, and the look keeps it coming back while such frees
  * go on (heaps_drain_orphans). Told at every such free, it was woken once
  * per thread where threads come one after another and each frees a block
  * of the one before before its first malloc (which then adopts that heap,
@@ -1200,10 +1201,10 @@ void heaps_notice_orphan_frees(void)
  * exit or its last drain: cached blocks go back to their slabs, the slabs
  * left empty to their SuperSlabs, empty SuperSlabs to the pool, and the
  * heap to its place in the queue (by its exit, so that adoption stays
- * oldest first). Returns when the next
- * orphan with remote frees or left uncollected falls due; else, if frees into orphans were
- * announced since the last look (their heaps adopted since), a delay from
- * now, so that more of them do not wake the purger each time; else 0. */
+ * oldest first). Returns when the next such orphan falls due; else, if
+ * frees into orphans (or uncollected exits) were announced since the last
+ * look (their heaps adopted since), a delay from now, so that more of them
+ * do not wake the purger each time; else 0. */
 uint64_t heaps_drain_orphans(void)
 {
     uint64_t delay = (uint64_t)hak_config.purge_delay_ms;

@@ -64,7 +64,7 @@ static option_t options[] = {
      "Fault in the pages of a large block in one call when it is mapped or reused after a purge (MADV_POPULATE_WRITE), instead of one fault per page on first touch.",
      &hak_config.prewarm, 0, 1, {0}},
     {"HAKMEM_HUGEPAGES", OPT_CHOICE, "prewarmed",
-     "Transparent huge pages for the whole 2 MiB chunks of large blocks (where the system allows them on madvise): prewarmed (blocks that are pre-warmed, by HAKMEM_PREWARM=1 or because their call site touched nearly all of its first new blocks), always (every large block: one fault per 2 MiB, but a chunk the program touches at all is resident whole) or never.",
+     "Transparent huge pages for the whole 2 MiB chunks of large blocks (where the system allows them on madvise): prewarmed (blocks that are pre-warmed: all with HAKMEM_PREWARM=1, or with HAKMEM_SITE_RULES=1 those of a call site that touched nearly all of its first new blocks), always (every large block: one fault per 2 MiB, but a chunk the program touches at all is resident whole) or never.",
      &hak_config.hugepages, 0, 0, {"never", "prewarmed", "always", NULL}},
     {"HAKMEM_BIGCACHE_SITES", OPT_INT, "64",
      "Call sites BigCache keeps freed large blocks for (hashed into this many entries); 0 turns BigCache off.",
