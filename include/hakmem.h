@@ -96,8 +96,19 @@ typedef struct hak_stats {
     uint64_t large_huge;       /* large blocks whose mapping asked for transparent huge pages (HAKMEM_HUGEPAGES) */
 } hak_stats_t;
 
-/* Fill *out with a snapshot (figures of other threads may be a moment old). */
-void hak_stats_get(hak_stats_t *out);
+/* Fill *out with a snapshot (figures of other threads may be a moment old).
+ *
+ * hak_stats_t, hak_kpi_t and hak_site_t only ever grow at their end. Their
+ * getters are called through macros that pass the size of the struct in
+ * the hakmem.h the program was compiled with, so that a newer library writes only the
+ * fields the program knows of (nothing past its struct, nor a wrong stride
+ * in hak_sites_get's array), and an older one zeroes the fields it lacks.
+ * The plain names are also functions, for programs built before the sizes
+ * were passed and for dlsym: they write the structs as hakmem 0.1.0 had
+ * them. */
+void hak_stats_get_sized(hak_stats_t *out, size_t size);
+void(hak_stats_get)(hak_stats_t *out);
+#define hak_stats_get(out) hak_stats_get_sized((out), sizeof(hak_stats_t))
 
 /* Print the statistics report (what HAKMEM_STATS=1 prints at exit). */
 void hak_stats_print(FILE *out);
@@ -121,7 +132,9 @@ typedef struct hak_kpi {
 } hak_kpi_t;
 
 /* Fill *out; returns 0. */
-int hak_get_kpi(hak_kpi_t *out);
+int hak_get_kpi_sized(hak_kpi_t *out, size_t size);
+int(hak_get_kpi)(hak_kpi_t *out);
+#define hak_get_kpi(out) hak_get_kpi_sized((out), sizeof(hak_kpi_t))
 
 /* One call site: a return address of a malloc-family call. Counts and
  * bytes of allocations up to the large threshold are estimated from
@@ -144,7 +157,9 @@ typedef struct hak_site {
 } hak_site_t;
 
 /* Copy up to max sites into out (in table order); returns how many. */
-size_t hak_sites_get(hak_site_t *out, size_t max);
+size_t hak_sites_get_sized(hak_site_t *out, size_t max, size_t size);
+size_t(hak_sites_get)(hak_site_t *out, size_t max);
+#define hak_sites_get(out, max) hak_sites_get_sized((out), (max), sizeof(hak_site_t))
 
 /* Print the option table: name, type, default, meaning; tab-separated. */
 void hak_options_print(FILE *out);

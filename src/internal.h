@@ -849,6 +849,11 @@ void learn_tick(void);
 void learn_snapshot(tuner_t *out);
 void learn_fork_child(void);
 
+/* A public struct (hakmem.h) of full_size bytes into a caller's copy of
+ * size bytes: the fields both know, and zeros for those only the caller
+ * has. The structs only grow at their end (stats.c). */
+void hak_copy_sized(void *out, size_t size, const void *full, size_t full_size);
+
 /* ---- Process init (init.c) --------------------------------------------- */
 
 extern _Atomic int hak_init_state; /* 0 none, 1 running, 2 ready */

@@ -125,7 +125,7 @@ double kpi_hist_percentile(const uint64_t *hist, unsigned buckets, double q)
 }
 
 
-HAK_EXPORT int hak_get_kpi(hak_kpi_t *out)
+static void kpi_fill(hak_kpi_t *out)
 {
     hak_ensure_init();
     double ns_per_tick = kpi_ns_per_tick();
@@ -142,5 +142,18 @@ HAK_EXPORT int hak_get_kpi(hak_kpi_t *out)
     os_page_faults(&out->page_faults_minor, &out->page_faults_major);
     out->rss_bytes = os_rss_bytes();
     out->rss_peak_bytes = os_rss_peak_bytes();
+}
+
+HAK_EXPORT int hak_get_kpi_sized(hak_kpi_t *out, size_t size)
+{
+    hak_kpi_t full;
+    kpi_fill(&full);
+    hak_copy_sized(out, size, &full, sizeof full);
     return 0;
+}
+
+/* hakmem 0.1.0's struct ended with rss_peak_bytes. */
+HAK_EXPORT int(hak_get_kpi)(hak_kpi_t *out)
+{
+    return hak_get_kpi_sized(out, offsetof(hak_kpi_t, rss_peak_bytes) + sizeof out->rss_peak_bytes);
 }

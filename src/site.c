@@ -251,7 +251,8 @@ static void counts_of(unsigned i, uint64_t counts[SITE_COUNTS])
     }
 }
 
-HAK_EXPORT size_t hak_sites_get(hak_site_t *out, size_t max)
+/* size: the caller's sizeof(hak_site_t), the stride of out. */
+HAK_EXPORT size_t hak_sites_get_sized(hak_site_t *out, size_t max, size_t size)
 {
     hak_ensure_init();
     double ns_per_tick = kpi_ns_per_tick();
@@ -265,7 +266,7 @@ HAK_EXPORT size_t hak_sites_get(hak_site_t *out, size_t max)
         counts_of(i, counts);
         if (!counts[SITE_SAMPLES])
             continue;
-        hak_site_t *s = &out[n++];
+        hak_site_t full = {0}, *s = &full;
         s->address = i == SITE_OVERFLOW ? NULL : (void *)addr;
         s->allocs = counts[SITE_ALLOCS];
         s->bytes = counts[SITE_BYTES];
@@ -282,6 +283,13 @@ HAK_EXPORT size_t hak_sites_get(hak_site_t *out, size_t max)
         s->prewarm = (rules & RULE_PREWARM) != 0;
         s->no_bigcache_evidence = atomic_load_explicit(&e->rule_evidence[0], memory_order_relaxed);
         s->prewarm_evidence = atomic_load_explicit(&e->rule_evidence[1], memory_order_relaxed);
+        hak_copy_sized((char *)out + n++ * size, size, &full, sizeof full);
     }
     return n;
+}
+
+/* hakmem 0.1.0's struct ended with prewarm_evidence. */
+HAK_EXPORT size_t(hak_sites_get)(hak_site_t *out, size_t max)
+{
+    return hak_sites_get_sized(out, max, offsetof(hak_site_t, prewarm_evidence) + sizeof out->prewarm_evidence);
 }

@@ -2,9 +2,17 @@
 #include "internal.h"
 #include "hakmem.h"
 
+#include <stddef.h>
 #include <string.h>
 
-HAK_EXPORT void hak_stats_get(hak_stats_t *out)
+void hak_copy_sized(void *out, size_t size, const void *full, size_t full_size)
+{
+    size_t known = size < full_size ? size : full_size;
+    memcpy(out, full, known);
+    memset((char *)out + known, 0, size - known);
+}
+
+static void stats_fill(hak_stats_t *out)
 {
     hak_ensure_init();
     memset(out, 0, sizeof *out);
@@ -32,4 +40,17 @@ HAK_EXPORT void hak_stats_get(hak_stats_t *out)
     out->tuner_moves = t.moves;
     out->hardened = HAK_SECURE;
     arena_stats(&out->arenas, &out->arena_bytes, &out->arena_free_bytes, &out->arena_dirty_bytes);
+}
+
+HAK_EXPORT void hak_stats_get_sized(hak_stats_t *out, size_t size)
+{
+    hak_stats_t full;
+    stats_fill(&full);
+    hak_copy_sized(out, size, &full, sizeof full);
+}
+
+/* hakmem 0.1.0's struct ended with large_huge. */
+HAK_EXPORT void(hak_stats_get)(hak_stats_t *out)
+{
+    hak_stats_get_sized(out, offsetof(hak_stats_t, large_huge) + sizeof out->large_huge);
 }

@@ -6,6 +6,7 @@
 #include "hakmem.h"
 
 #include <errno.h>
+#include <stddef.h>
 #include <malloc.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -286,6 +287,64 @@ static void test_ownership_and_trim(void)
     CHECK(strcmp(hak_version(), HAKMEM_VERSION) == 0);
 }
 
+/* Whether n bytes at p all hold byte. */
+static bool all_bytes(const void *p, size_t n, unsigned char byte)
+{
+    for (size_t i = 0; i < n; i++)
+        if (((const unsigned char *)p)[i] != byte)
+            return false;
+    return true;
+}
+
+/* The getters of the public structs write what the caller's struct holds:
+ * a program built against an older, shorter struct gets its fields and
+ * nothing past them, a newer, longer one zeros where the library has no
+ * field, and hak_sites_get's array keeps the caller's stride. */
+static void test_struct_sizes(void)
+{
+    enum { PAD = 64 };
+    unsigned char buf[sizeof(hak_stats_t) + PAD];
+    hak_stats_t full;
+    hak_stats_get(&full);
+    size_t older = offsetof(hak_stats_t, arenas);
+    memset(buf, 0xab, sizeof buf);
+    hak_stats_get_sized((hak_stats_t *)buf, older);
+    hak_stats_t *got = (hak_stats_t *)buf;
+    CHECK(got->superslabs >= 1 && got->large_threshold == full.large_threshold && got->hardened == full.hardened);
+    CHECK(all_bytes(buf + older, sizeof buf - older, 0xab));
+    memset(buf, 0xab, sizeof buf);
+    hak_stats_get_sized((hak_stats_t *)buf, sizeof buf);
+    CHECK(got->superslabs >= 1 && all_bytes(buf + sizeof(hak_stats_t), PAD, 0));
+    memset(buf, 0xab, sizeof buf); /* the plain symbol, as dlsym or an older program finds it: 0.1.0's struct */
+    void (*plain)(hak_stats_t *) = hak_stats_get;
+    plain((hak_stats_t *)buf);
+    size_t v010 = offsetof(hak_stats_t, large_huge) + sizeof(uint64_t);
+    CHECK(got->superslabs >= 1 && all_bytes(buf + v010, sizeof buf - v010, 0xab));
+
+    unsigned char kbuf[sizeof(hak_kpi_t) + PAD];
+    memset(kbuf, 0xab, sizeof kbuf);
+    CHECK(hak_get_kpi_sized((hak_kpi_t *)kbuf, offsetof(hak_kpi_t, rss_bytes)) == 0);
+    CHECK(((hak_kpi_t *)kbuf)->page_faults_minor > 0);
+    CHECK(all_bytes(kbuf + offsetof(hak_kpi_t, rss_bytes), sizeof kbuf - offsetof(hak_kpi_t, rss_bytes), 0xab));
+
+    free(malloc(4 * MiB)); /* a large call is always recorded: at least one site */
+    static hak_site_t sites[64];
+    size_t n = hak_sites_get(sites, 64);
+    CHECK(n >= 1);
+    size_t stride = sizeof(hak_site_t) + 16, shorter = offsetof(hak_site_t, no_bigcache);
+    static unsigned char wide[64 * (sizeof(hak_site_t) + 16)], narrow[64 * sizeof(hak_site_t)];
+    memset(wide, 0xab, sizeof wide);
+    memset(narrow, 0xab, sizeof narrow);
+    CHECK(hak_sites_get_sized((hak_site_t *)wide, 64, stride) == n);
+    CHECK(hak_sites_get_sized((hak_site_t *)narrow, 64, shorter) == n);
+    for (size_t i = 0; i < n; i++) {
+        const hak_site_t *w = (const hak_site_t *)(wide + i * stride), *s = (const hak_site_t *)(narrow + i * shorter);
+        CHECK(w->address == sites[i].address && s->address == sites[i].address);
+        CHECK(all_bytes(wide + i * stride + sizeof(hak_site_t), 16, 0));
+    }
+    CHECK(all_bytes(narrow + n * shorter, sizeof narrow - n * shorter, 0xab));
+}
+
 int main(void)
 {
     check_expected_build();
@@ -297,5 +356,6 @@ int main(void)
     test_alignment();
     test_many_blocks();
     test_ownership_and_trim();
+    test_struct_sizes();
     return check_summary("test_api");
 }
