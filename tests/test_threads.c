@@ -440,7 +440,11 @@ static void *allocate_free_and_exit(void *arg)
         free(tiny[i]);
     for (int i = 0; i < LEFT_MID_BLOCKS; i++)
         free(mid[i]);
-    malloc_free_one(NULL); /* the cache holds the rest of a refill */
+    /* The cache holds the rest of a refill: unless the pop took its last
+     * block (where the refills and the samples, whose intervals follow
+     * the heap's address, left one), which the next malloc's refill mends. */
+    for (int i = 0; i < 3 && hak_tiny_class_bytes(LEFT_CLASS) == 0; i++)
+        malloc_free_one(NULL);
     return arg;
 }
 
