@@ -4,12 +4,14 @@
  * set of 8 buffers of 1.25..1.75 MiB from one call site, touches them and
  * frees them all, as a decoder with its frames; it runs for about a
  * second, long enough for a self-tuning policy to learn, where the others
- * end within milliseconds. Each sample times a batch of
- * iterations (16, or 1 for vm) so that the clock's own cost and its
+ * end within milliseconds. grow: one iteration takes a 64 KiB buffer and
+ * doubles it by realloc up to 4 MiB, touching each new page, then frees
+ * it, as a program reading a file of unknown size. Each sample times a batch of
+ * iterations (16, or 1 for vm, buffers and grow) so that the clock's own cost and its
  * resolution (10 ns on some VMs) do not swamp the figure; we report the
  * median, P95 and P99 of the samples in ns per iteration, soft page faults
  * per iteration and RSS at the end.
- * Usage: battle json|mir|vm|mixed SAMPLES */
+ * Usage: battle json|mir|vm|mixed|buffers|grow SAMPLES */
 #include "common.h"
 
 #include <dlfcn.h>
@@ -28,16 +30,16 @@ static void touch(char *p, size_t size, int value)
 int main(int argc, char **argv)
 {
     if (argc != 3)
-        return fprintf(stderr, "usage: battle json|mir|vm|mixed|buffers SAMPLES\n"), 2;
+        return fprintf(stderr, "usage: battle json|mir|vm|mixed|buffers|grow SAMPLES\n"), 2;
     const char *name = argv[1];
     long samples = atol(argv[2]);
     static const size_t mixed_sizes[] = {64 << 10, 256 << 10, 2 << 20, 8 << 10, 100 << 10};
     size_t fixed = !strcmp(name, "json") ? 64 << 10 : !strcmp(name, "mir") ? 256 << 10
                  : !strcmp(name, "vm") ? 2 << 20 : 0;
-    bool buffers = !strcmp(name, "buffers");
-    if (!fixed && strcmp(name, "mixed") && !buffers)
+    bool buffers = !strcmp(name, "buffers"), grow = !strcmp(name, "grow");
+    if (!fixed && strcmp(name, "mixed") && !buffers && !grow)
         return fprintf(stderr, "battle: unknown scenario %s\n", name), 2;
-    long batch = !strcmp(name, "vm") || buffers ? 1 : 16, iterations = samples * batch;
+    long batch = !strcmp(name, "vm") || buffers || grow ? 1 : 16, iterations = samples * batch;
     double *ns = malloc(sizeof(double) * (size_t)samples);
     enum { LIVE = 8 };
     char *live[LIVE] = {0};
@@ -54,6 +56,17 @@ int main(int argc, char **argv)
                 }
                 for (int k = 0; k < LIVE; k++)
                     free(frame[k]);
+                continue;
+            }
+            if (grow) {
+                size_t size = 64 << 10;
+                char *p = malloc(size);
+                touch(p, size, (int)i);
+                for (; size < (4 << 20); size *= 2) {
+                    p = realloc(p, size * 2);
+                    touch(p + size, size, (int)i);
+                }
+                free(p);
                 continue;
             }
             size_t size = fixed ? fixed : mixed_sizes[i % 5];

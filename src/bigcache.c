@@ -85,10 +85,17 @@ static uint64_t purge_if_due(large_hdr_t *h, uint64_t now)
 }
 
 /* Whether a cached block serves an allocation of size aligned to
- * misaligned + 1 without wasting more than half of it. */
+ * misaligned + 1 without wasting more than half of it, or of what its
+ * last owner asked for at first where realloc then grew it: a buffer that
+ * grows from the same site takes the block its predecessor grew, and grows
+ * in place into pages that are still resident, where a new mapping would
+ * fault every page in again (64 KiB doubled to 16 MiB: 4,100 faults an
+ * iteration, docs/benchmarks.md session 29). A block handed out so and
+ * not grown is judged by its whole size again when it comes back. */
 static bool block_fits(const large_hdr_t *h, size_t size, uintptr_t misaligned)
 {
-    return h->usable >= size && h->usable / 2 < size && !((uintptr_t)h->user & misaligned);
+    size_t judged = h->size > h->born_size ? h->born_size : h->usable;
+    return h->usable >= size && judged / 2 < size && !((uintptr_t)h->user & misaligned);
 }
 
 /* ---- The front: the owner's side ---- */

@@ -666,7 +666,8 @@ typedef struct large_hdr {
     uint32_t site_index;   /* in the site table */
     uint32_t fresh;        /* its pages were new or purged when handed out */
     uint32_t huge;         /* its mapping asked for transparent huge pages */
-    size_t size;           /* the size asked for */
+    size_t size;           /* the size asked for (realloc's last) */
+    size_t born_size;      /* the size asked for when it was handed out */
     uint64_t born;         /* hak_ticks() at a timed allocation, else 0: lifetimes */
     char *map_base;        /* the whole mapping */
     size_t map_size;

@@ -31,12 +31,14 @@ static void guard_set(large_hdr_t *h, bool on)
         os_protect(h->map_base + h->map_size - guard_size(), guard_size(), !on);
 }
 
-/* A block whose pages are not resident, about to be handed out: huge
- * pages where HAKMEM_HUGEPAGES asks for them, and pre-warmed where the
- * option or the site's rule asks. The advice covers the whole mapping,
- * which stays one kernel VMA, acts where a whole chunk of block is, and
- * stays with the mapping through purges and moves. */
-static void large_back(large_hdr_t *h)
+/* A block whose pages from `from` on are not resident, about to be handed
+ * out (from its start: a new or purged block; from its old end: one that
+ * realloc grew): huge pages where HAKMEM_HUGEPAGES asks for them, and
+ * pre-warmed where the option or the site's rule asks. The advice covers
+ * the whole mapping, which stays one kernel VMA, acts where a whole chunk
+ * of block is, and stays with the mapping through purges and moves; a
+ * block too small for a chunk at birth gets it when it grows to one. */
+static void large_back(large_hdr_t *h, char *from)
 {
     bool prewarm = hak_config.prewarm || (h->site_rules & RULE_PREWARM);
     bool huge = hak_config.hugepages == HUGEPAGES_ALWAYS || (prewarm && hak_config.hugepages == HUGEPAGES_PREWARMED);
@@ -46,7 +48,7 @@ static void large_back(large_hdr_t *h)
         atomic_fetch_add_explicit(&hak_large_huge, 1, memory_order_relaxed);
     }
     if (prewarm)
-        os_prefault(h->user, h->usable);
+        os_prefault(from, (size_t)(h->user + h->usable - from));
 }
 
 /* A block handed out: charged to its site (every large call is
@@ -56,12 +58,13 @@ static void large_back(large_hdr_t *h)
 static void *large_born(large_hdr_t *h, size_t size, uintptr_t site, bool fresh, bool cache_hit, uint64_t start)
 {
     h->size = size;
+    h->born_size = size;
     h->fresh = fresh;
     h->site_rules = 0;
     if (hak_config.profile)
         h->site_index = site_record_large(site, size, cache_hit, &h->site_rules);
     if (fresh)
-        large_back(h);
+        large_back(h, h->user);
     h->born = start ? hak_ticks() : 0;
     if (start) {
         kpi_record_latency(h->born - start, KPI_LARGE_TIMING);
@@ -282,7 +285,10 @@ void *large_realloc(void *p, size_t size)
         return NULL;
     }
     size_t new_map = page + page_round(colour + size) + guard_size();
-    if (new_map == h->map_size) {
+    /* In place where the mapping is the size's, or where the block grows
+     * into its own slack: BigCache hands a buffer that grew the block
+     * before it to the next buffer of its site (bigcache.c). */
+    if (new_map == h->map_size || (size >= h->size && size <= h->usable)) {
         large_resized(h, size);
         return p;
     }
@@ -306,9 +312,12 @@ void *large_realloc(void *p, size_t size)
         base = moved;
         h = (large_hdr_t *)base;
     }
+    size_t old_usable = h->usable;
     large_place(h, base, new_map, colour);
     guard_set(h, true);
     large_mark(h);
     large_resized(h, size);
+    if (new_map > old_map)
+        large_back(h, h->user + old_usable);
     return h->user;
 }

@@ -1,7 +1,8 @@
 /* The large tier and BigCache (issue 5): a freed large block is reused by
  * the next fitting allocation from the same call site and only from it,
  * the ring per site is bounded, cached pages are purged after the delay,
- * and hak_collect(true) unmaps everything cached. */
+ * hak_collect(true) unmaps everything cached, and a buffer that realloc
+ * grew is reused by the next one of its site, which grows in place. */
 #define _GNU_SOURCE
 #include "check.h"
 #include "hakmem.h"
@@ -13,6 +14,7 @@
 #include <stdlib.h>
 #include <malloc.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 static const size_t MiB = 1024 * 1024;
@@ -76,6 +78,60 @@ static void test_fit(void)
     CHECK(fits == big);
     free(small);
     free(fits);
+}
+
+/* The pages of [p, p + len) that are resident. */
+static size_t resident_pages(const char *p, size_t len)
+{
+    uintptr_t start = (uintptr_t)p & ~(uintptr_t)4095, end = ((uintptr_t)p + len + 4095) & ~(uintptr_t)4095;
+    static unsigned char vec[(16 << 20) / 4096];
+    size_t pages = (end - start) / 4096, resident = 0;
+    CHECK(pages <= sizeof vec);
+    if (pages > sizeof vec || mincore((void *)start, end - start, vec) != 0)
+        return 0; /* not mapped */
+    for (size_t i = 0; i < pages; i++)
+        resident += vec[i] & 1;
+    return resident;
+}
+
+/* A buffer taken at 1.5 MiB and grown by realloc to 4 and then 8 MiB,
+ * freed, and taken again from the same site: BigCache hands back the
+ * block the last one grew, and both growths are in place, into pages
+ * still resident (each round mapped and faulted 8 MiB anew before, and
+ * growing to 4 MiB within the block must not trim it). A block so handed
+ * out and freed without growing is judged by its whole size again. */
+static void test_grown_buffer_reused(void)
+{
+    hak_collect(true);
+    const size_t start = 3 * MiB / 2, grown = 8 * MiB;
+    char *first = NULL;
+    for (int round = 0; round < 3; round++) {
+        hak_stats_t s0 = stats();
+        char *p = alloc_site_a(start);
+        CHECK(p != NULL);
+        memset(p, round + 1, start);
+        char *q = realloc(p, 4 * MiB);
+        CHECK(q != NULL);
+        q = realloc(q, grown);
+        CHECK(q && q[0] == round + 1 && q[start - 1] == round + 1);
+        size_t tail_resident = resident_pages(q + start, grown - start);
+        memset(q + start, 0, grown - start);
+        if (!round) {
+            first = q;
+        } else {
+            CHECK(p == first && q == p);
+            CHECK(stats().bigcache_hits == s0.bigcache_hits + 1);
+            CHECK(tail_resident >= (grown - start) / 4096); /* its colour spills into one more */
+        }
+        free(q);
+    }
+    char *p = alloc_site_a(start);
+    CHECK(p == first);
+    free(p); /* not grown this time */
+    char *fresh = alloc_site_a(start);
+    CHECK(fresh && fresh != first && malloc_usable_size(fresh) < 2 * MiB);
+    free(fresh);
+    hak_collect(true);
 }
 
 /* BigCache holds n blocks of `bytes` in all: each block's mapping adds a
@@ -388,6 +444,7 @@ int main(void)
     test_calloc_reuses_cleared();
     test_reuse_by_site();
     test_fit();
+    test_grown_buffer_reused();
     test_ring_grows_while_warm();
     test_ring_evicts_cold();
     test_purge_after_delay();

@@ -17,6 +17,8 @@
  *   hugepages (HAKMEM_HUGEPAGES=always) a large block, new or reused
  *            after a purge, takes a fault per 2 MiB, not per page: the
  *            purge does not split its huge pages.
+ * In the last three, a block grown by realloc gets the same for its new
+ * pages.
  * Huge pages are checked where the system lets a program ask for them. */
 #define _GNU_SOURCE
 #include <dirent.h>
@@ -259,6 +261,25 @@ static uint64_t large_huge_blocks(void)
     return s.large_huge;
 }
 
+/* A large block too small for a whole 2 MiB chunk, touched, then grown by
+ * realloc to 8 MiB: whether its mapping asked for huge pages only then,
+ * the faults touching the grown block, and its huge pages. */
+static void grown_by_realloc(const char *mode, bool *advised_on_growth, long *faults, size_t *huge)
+{
+    uint64_t before = large_huge_blocks();
+    char *p = malloc(3 * MiB / 2);
+    CHECK(p && hak_owns(p) && large_huge_blocks() == before);
+    memset(p, 1, 3 * MiB / 2);
+    char *q = realloc(p, 8 * MiB);
+    CHECK(q && hak_owns(q) && q[0] == 1 && q[3 * MiB / 2 - 1] == 1);
+    *advised_on_growth = large_huge_blocks() == before + 1;
+    *faults = faults_touching(q, 8 * MiB);
+    *huge = huge_bytes_at(q);
+    free(q);
+    printf("%s: 1.5 MiB grown to 8 MiB: %s, %ld faults touching it, %zu MiB in huge pages\n", mode,
+           *advised_on_growth ? "huge pages asked for" : "no huge pages asked for", *faults, *huge >> 20);
+}
+
 static void mode_prewarm(bool huge_expected)
 {
     long faults[2];
@@ -268,6 +289,14 @@ static void mode_prewarm(bool huge_expected)
     CHECK(large_huge_blocks() == (huge_expected ? 1 : 0));
     if (!huge_expected || huge_pages_available())
         CHECK((huge[0] >= 2 * MiB && huge[1] >= 2 * MiB) == huge_expected);
+    /* realloc's new pages are pre-warmed too, and on huge pages. */
+    bool advised;
+    long grown_faults;
+    size_t grown_huge;
+    grown_by_realloc(huge_expected ? "prewarm" : "prewarm_small", &advised, &grown_faults, &grown_huge);
+    CHECK(grown_faults <= 8 && advised == huge_expected);
+    if (!huge_expected || huge_pages_available())
+        CHECK((grown_huge >= 2 * MiB) == huge_expected);
 }
 
 static void mode_hugepages(void)
@@ -284,6 +313,13 @@ static void mode_hugepages(void)
      * chunk's, when it spared the header's page inside it). */
     CHECK(huge[0] >= 2 * MiB && huge[1] >= huge[0]);
     CHECK(faults[0] <= 8 + (long)((8 * MiB - huge[0]) >> 12) && faults[1] <= 8 + (long)((8 * MiB - huge[1]) >> 12));
+    /* A block born under a chunk asks for them when realloc grows it past
+     * one: the chunks the growth added are huge pages. */
+    bool advised;
+    long grown_faults;
+    size_t grown_huge;
+    grown_by_realloc("hugepages", &advised, &grown_faults, &grown_huge);
+    CHECK(advised && grown_huge >= 2 * MiB);
 }
 
 int main(int argc, char **argv)
