@@ -59,7 +59,7 @@ def workloads(full, thread_counts):
         for n in counts + ([10_000_000] if full and kind == "16" else []):
             w.append(("memory", f"{kind} x {n}", "memory", [kind, str(n)], ["overhead_pct", "rss_delta_mib"]))
     # mid at 400 k operations a thread measured mostly the first touch of its blocks' pages
-    thread_ops = {"larson": 1_000_000, "prodcons": 1_000_000, "churn": 200_000, "batch": 2_000_000, "mid": 2_000_000,
+    thread_ops = {"larson": 4_000_000, "prodcons": 1_000_000, "churn": 200_000, "batch": 2_000_000, "mid": 2_000_000,
                   "mid4k": 2_000_000}
     for threads in thread_counts:
         for name, ops in thread_ops.items():
