@@ -260,7 +260,10 @@ def main():
         for place, (_, al) in enumerate(ranked):
             points[al] += len(ranked) - 1 - place
 
-    write_outputs(opts, allocs, rows, points)
+    # what a page costs here weighs on every figure with faults (a Firecracker
+    # guest charged 10 us a fault, bare metal well under one)
+    page_costs = run_program(os.path.join(bench_dir, "bench_pagecost"), [], {})
+    write_outputs(opts, allocs, rows, points, page_costs)
 
 
 def fmt(v):
@@ -273,7 +276,7 @@ def fmt(v):
     return f"{v:.3g}"
 
 
-def write_outputs(opts, allocs, rows, points):
+def write_outputs(opts, allocs, rows, points, page_costs):
     names = [a["name"] for a in allocs]
     table = {}
     for g, n, a, m, v in rows:
@@ -285,6 +288,11 @@ def write_outputs(opts, allocs, rows, points):
     lines = []
     lines.append(f"hakmem benchmark, {datetime.datetime.now():%Y-%m-%d %H:%M}, {platform.node()}, "
                  f"{os.cpu_count()} CPUs, {'full' if opts.full else 'default'} scale")
+    lines.append("")
+    lines.append("Page costs on this machine (bench_pagecost, no allocator): a fault on first touch "
+                 f"{page_costs['touch_ns_per_page']:,.0f} ns, MADV_POPULATE_WRITE "
+                 f"{page_costs['populate_ns_per_page']:,.0f} ns, MADV_DONTNEED "
+                 f"{page_costs['dontneed_ns_per_page']:,.0f} ns a 4 KiB page.")
     lines.append("")
     for a in allocs:
         lines.append(f"- {a['name']}: {a['version']}")
