@@ -18,7 +18,9 @@
  *            after a purge, takes a fault per 2 MiB, not per page: the
  *            purge does not split its huge pages.
  * In the last three, a block grown by realloc gets the same for its new
- * pages.
+ * pages; in the prewarm modes a block of the page arenas, new or purged,
+ * is touched without page faults too (in hugepages mode, where pre-warming
+ * is off, with one a page).
  * Huge pages are checked where the system lets a program ask for them. */
 #define _GNU_SOURCE
 #include <dirent.h>
@@ -254,6 +256,23 @@ static void new_and_purged(const char *mode, long faults[2], size_t huge[2])
            faults[0], huge[0] >> 20, faults[1], huge[1] >> 20);
 }
 
+/* A 512 KiB block of the page arenas, new to its arena and then again
+ * once hak_collect purged its pages: the faults touching it each time. */
+static void arena_new_and_purged(const char *mode, long faults[2])
+{
+    for (int round = 0; round < 2; round++) {
+        hak_stats_t before, after;
+        hak_stats_get(&before);
+        char *p = malloc(512 << 10);
+        hak_stats_get(&after);
+        CHECK(p && hak_owns(p) && after.arena_bytes >= before.arena_bytes + (512 << 10));
+        faults[round] = faults_touching(p, 512 << 10);
+        free(p);
+        hak_collect(true);
+    }
+    printf("%s: touching a 512 KiB arena block, new: %ld faults; after a purge: %ld\n", mode, faults[0], faults[1]);
+}
+
 static uint64_t large_huge_blocks(void)
 {
     hak_stats_t s;
@@ -297,6 +316,10 @@ static void mode_prewarm(bool huge_expected)
     CHECK(grown_faults <= 8 && advised == huge_expected);
     if (!huge_expected || huge_pages_available())
         CHECK((grown_huge >= 2 * MiB) == huge_expected);
+    /* An arena block's pages that are not resident fault in at once. */
+    long arena_faults[2];
+    arena_new_and_purged(huge_expected ? "prewarm" : "prewarm_small", arena_faults);
+    CHECK(arena_faults[0] <= 4 && arena_faults[1] <= 4);
 }
 
 static void mode_hugepages(void)
@@ -305,6 +328,10 @@ static void mode_hugepages(void)
     size_t huge[2];
     new_and_purged("hugepages", faults, huge);
     CHECK(large_huge_blocks() == 1);
+    /* Without HAKMEM_PREWARM an arena block's pages fault one by one. */
+    long arena_faults[2];
+    arena_new_and_purged("hugepages", arena_faults);
+    CHECK(arena_faults[0] >= 64 && arena_faults[1] >= 64);
     if (!huge_pages_available())
         return;
     /* The kernel may fall back to small pages where memory is fragmented:
