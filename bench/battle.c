@@ -2,9 +2,11 @@
  * mixed (the three interleaved with a small live set): one iteration
  * allocates, touches every page and frees. buffers: one iteration takes a
  * set of 8 buffers of 1.25..1.75 MiB from one call site, touches them and
- * frees them all, as a decoder with its frames; it runs for about a
- * second, long enough for a self-tuning policy to learn, where the others
- * end within milliseconds. grow: one iteration takes a 64 KiB buffer and
+ * frees them all, as a decoder with its frames; it runs for a second
+ * (SAMPLES at most, 16 at least), long enough for a self-tuning policy to
+ * learn, where the others end within milliseconds: a count of samples
+ * gave 43 ms to the fast allocators, a window and a half of the tuner's,
+ * and 51 s to glibc. grow: one iteration takes a 64 KiB buffer and
  * doubles it by realloc up to 4 MiB, touching each new page, then frees
  * it, as a program reading a file of unknown size. Each sample times a batch of
  * iterations (16, or 1 for vm, buffers and grow) so that the clock's own cost and its
@@ -44,7 +46,13 @@ int main(int argc, char **argv)
     enum { LIVE = 8 };
     char *live[LIVE] = {0};
     long faults_before = soft_faults();
+    double deadline = now_ns() + 1e9; /* buffers' second */
     for (long s = 0, i = 0; s < samples; s++) {
+        if (buffers && s >= 16 && now_ns() >= deadline) {
+            samples = s;
+            iterations = s * batch;
+            break;
+        }
         double t0 = now_ns();
         for (long end = i + batch; i < end; i++) {
             if (buffers) {
