@@ -537,11 +537,11 @@ void *arena_alloc(size_t size, size_t align, unsigned lane_index, bool zero)
         lane_unlock(l);
         if (start) {
             char *p = page_address(a, start);
+            size_t bytes = (size_t)pages << ARENA_PAGE_SHIFT;
+            if (hak_config.prewarm && stale < bytes) /* first: a clear of them then faults none */
+                os_prefault(p + stale, bytes - stale);
             if (zero)
                 memset(p, 0, stale < size && os_purged_pages_read_zero() ? stale : size);
-            size_t bytes = (size_t)pages << ARENA_PAGE_SHIFT;
-            if (hak_config.prewarm && stale < bytes)
-                os_prefault(p + stale, bytes - stale);
             return p;
         }
         if (attempt || !hak_release_caches())
