@@ -27,8 +27,8 @@ static inline void *heap_stash_pop(heap_t *heap, unsigned c)
 
 /* A block of mid class c, inside the owner's mark (heap_mid_enter): the
  * purger flushes the mid caches under a claim. Everything but a pop from
- * the cache or the stash takes the call, so that the pop needs no stack
- * frame. A sample with the cache empty is timed on a pop from the stash,
+ * the stash or the cache takes the call, so that the pop needs no stack
+ * frame. A sample is timed on a pop from the stash if it holds a block,
  * not on a refill, which would switch slabs while the stash holds blocks
  * (HAKMEM_PROFILE_SAMPLE=16: one malloc in 20 did). */
 static HAK_NOINLINE void *hak_alloc_mid_slow(unsigned c, size_t size, uintptr_t site)
@@ -39,7 +39,7 @@ static HAK_NOINLINE void *hak_alloc_mid_slow(unsigned c, size_t size, uintptr_t 
     while (unlikely(!heap_mid_enter(heap)))
         heap_mid_wait(heap);
     void *b;
-    if (!heap->cache[c] && *heap_stash(heap, c)) {
+    if (*heap_stash(heap, c)) {
         uint64_t start = hak_ticks();
         b = heap_stash_pop(heap, c);
         if (--heap->sample_left <= 0)
@@ -51,21 +51,24 @@ static HAK_NOINLINE void *hak_alloc_mid_slow(unsigned c, size_t size, uintptr_t 
     return b;
 }
 
-/* The cache first, then the stash, whose blocks are warm too. */
+/* The stash first, the blocks the thread freed last (the next malloc
+ * takes the one just freed, still in L1), then the cache, the blocks a
+ * refill took from the current slab. */
 static inline void *hak_alloc_mid(unsigned c, size_t size, uintptr_t site)
 {
     heap_t *heap = heap_get();
     if (likely(heap_mid_enter(heap))) { /* hak_empty_heap: a NULL cache and stash */
-        void *b = heap->cache[c];
-        if (likely(b != NULL && heap->sample_left > 1)) {
-            heap->cache[c] = cache_next(heap, b);
-            block_handed_out(b);
+        void *b;
+        if (likely(*heap_stash(heap, c) != NULL && heap->sample_left > 1)) {
+            b = heap_stash_pop(heap, c);
             heap->sample_left--;
             heap_mid_leave(heap);
             return b;
         }
-        if (*heap_stash(heap, c) != NULL && heap->sample_left > 1) {
-            b = heap_stash_pop(heap, c);
+        b = heap->cache[c];
+        if (likely(b != NULL && heap->sample_left > 1)) {
+            heap->cache[c] = cache_next(heap, b);
+            block_handed_out(b);
             heap->sample_left--;
             heap_mid_leave(heap);
             return b;
@@ -234,26 +237,19 @@ static inline void slab_free_owned(slab_t *s, void *p)
     s->used--;
 }
 
-/* p, freed by the owner of s (a mid class), goes to the cache if s is
- * the current slab (to_cache: its SLAB_CACHES_FREES flag), else to the
- * class's stash; false if p is not a live block's start. A full stash,
- * or in the hardened build, which links a list only inside one SuperSlab
+/* p, freed by the owner of s (a mid class), goes to the class's stash;
+ * false if p is not a live block's start. A full stash, or in the
+ * hardened build, which links a list only inside one SuperSlab
  * (block_next), a stash of another SuperSlab, sends p to its slab's own
  * list instead. The purger changes these lists under its claim: called
  * inside the owner's mark (heap_mid_enter). */
-static inline bool heap_mid_push(heap_t *heap, slab_t *s, void *p, bool to_cache)
+static inline bool heap_mid_push(heap_t *heap, slab_t *s, void *p)
 {
     uint64_t offset_times_recip = (uint64_t)((char *)p - s->start) * s->recip;
     if (unlikely((offset_times_recip & RECIP_REMAINDER_BITS) || (char *)p >= s->carved_end || !s->used ||
                  block_is_free(p)))
         return false;
     unsigned c = s->class_idx;
-    if (to_cache) {
-        HAK_COUNT(heap, free_cached);
-        block_link(p, heap->cache[c]);
-        heap->cache[c] = p;
-        return true;
-    }
     void **stash = heap_stash(heap, c);
     uint16_t *count = heap_stash_count(heap, c);
     if ((size_t)*count * s->block_size < HEAP_STASH_BYTES &&
@@ -288,10 +284,10 @@ static HAK_NOINLINE void hak_free_diagnosed(slab_t *s, void *p, const char *op)
         hak_remote_free(s, block);
         return;
     }
-    if (owner & SLAB_MID_FLAGS) { /* while a claim was on, or an aligned block's interior pointer */
+    if (owner & SLAB_STASHES_FREES) { /* while a claim was on, or an aligned block's interior pointer */
         while (unlikely(!heap_mid_enter(heap)))
             heap_mid_wait(heap);
-        bool pushed = heap_mid_push(heap, s, block, owner & SLAB_CACHES_FREES);
+        bool pushed = heap_mid_push(heap, s, block);
         heap_mid_leave(heap);
         if (!pushed)
             hak_report_bad_pointer(op, p, "double free");
@@ -307,48 +303,29 @@ static HAK_NOINLINE void hak_free_diagnosed(slab_t *s, void *p, const char *op)
     slab_free_owned(s, block);
 }
 
-/* Frees the fast path did not take. The owner's of a mid class (flagged
- * SLAB_CACHES_FREES or SLAB_STASHES_FREES) go to the cache or the stash,
- * to be the next block handed out while its lines are in L1 (on the
- * slab's list it came back only at the next refill: bench mid 1.15-1.25
- * times as fast); the slabs no longer empty while the thread runs, and
- * the purger flushes the caches and stashes. While it does, or if p is
- * odd, the diagnosed path waits or reports. The fast path's compare of
- * the owner word does not look for the flags: a second compare there
- * cost every tiny malloc/free pair an instruction. */
-static inline bool heap_mid_free(heap_t *heap, slab_t *s, void *p, bool to_cache)
-{
-    if (unlikely(!heap_mid_enter(heap)))
-        return false;
-    bool pushed = heap_mid_push(heap, s, p, to_cache);
-    heap_mid_leave(heap);
-    if (likely(pushed) && unlikely(!atomic_load_explicit(&heap->mid_cached, memory_order_relaxed)))
-        heap_mid_cached(heap);
-    return pushed;
-}
-
-/* The stash's free, out of line and tested after the cache's: inlined
- * beside it, its fallback to the slab's list (a call) cost the cache's
- * free a saved register, and with its compare first 6 instructions in
- * all (malloc+free of 2000 B: 101.2 -> 107.2). */
-static HAK_NOINLINE void hak_free_stashed(heap_t *heap, slab_t *s, void *p, const char *op)
-{
-    if (!heap_mid_free(heap, s, p, false))
-        hak_free_diagnosed(s, p, op);
-}
-
+/* Frees the fast path did not take. The owner's of a mid class (its
+ * slabs flagged SLAB_STASHES_FREES) go to the class's stash, to be the
+ * next block handed out while its lines are in L1 (on the slab's list it
+ * came back only at the next refill: bench mid 1.15-1.25 times as fast);
+ * the slabs no longer empty while the thread runs, and the purger
+ * flushes the stashes. While it does, or if p is odd, the diagnosed path
+ * waits or reports. The fast path's compare of the owner word does not
+ * look for the flag: a second compare there cost every tiny malloc/free
+ * pair an instruction. */
 void hak_free_irregular(slab_t *s, void *p, const char *op)
 {
     heap_t *heap = heap_get();
     uintptr_t owner = atomic_load_explicit(&s->owner, memory_order_relaxed);
-    if (owner == ((uintptr_t)heap | SLAB_CACHES_FREES)) {
-        if (!heap_mid_free(heap, s, p, true))
-            hak_free_diagnosed(s, p, op);
-    } else if (owner == ((uintptr_t)heap | SLAB_STASHES_FREES)) {
-        hak_free_stashed(heap, s, p, op);
-    } else {
-        hak_free_diagnosed(s, p, op);
+    if (likely(owner == ((uintptr_t)heap | SLAB_STASHES_FREES)) && likely(heap_mid_enter(heap))) {
+        bool pushed = heap_mid_push(heap, s, p);
+        heap_mid_leave(heap);
+        if (likely(pushed)) {
+            if (unlikely(!atomic_load_explicit(&heap->mid_cached, memory_order_relaxed)))
+                heap_mid_cached(heap);
+            return;
+        }
     }
+    hak_free_diagnosed(s, p, op);
 }
 
 /* ---- usable size and realloc ------------------------------------------------- */
@@ -424,7 +401,7 @@ void *hak_alloc_aligned(size_t align, size_t size, uintptr_t site)
     if (align <= SLAB_PAGE_SIZE && size_in_slabs(natural)) {
         unsigned c = class_of(natural);
         if (hak_class_size[c] % align == 0)
-            return class_caches_frees(c) ? hak_alloc_mid(c, size, site) : hak_alloc_class(c, size, site);
+            return class_stashes_frees(c) ? hak_alloc_mid(c, size, site) : hak_alloc_class(c, size, site);
         size_t padded = size + align - 16;
         if (size_in_slabs(padded)) {
             char *b = hak_alloc(padded, 0); /* not tracked: the block would be freed from inside */

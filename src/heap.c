@@ -292,42 +292,37 @@ static void heap_return_cache(heap_t *heap, unsigned c)
     s->used -= n;
 }
 
-/* The flag of a current slab whose owner's frees go to the cache; the
- * purger's claim of those caches needs membarrier. */
-static bool slab_caches_frees(unsigned c) { return class_caches_frees(c) && hak_claims_on; }
-
 /* Where the owner's frees of s go, as its owner word's mid flag (0: to
  * the slab's list). Only the owner changes it; other threads just read
  * the word. */
 static void slab_set_mid_flag(slab_t *s, uintptr_t flag)
 {
     uintptr_t owner = atomic_load_explicit(&s->owner, memory_order_relaxed);
-    atomic_store_explicit(&s->owner, (owner & ~(uintptr_t)SLAB_MID_FLAGS) | flag, memory_order_relaxed);
+    atomic_store_explicit(&s->owner, (owner & ~(uintptr_t)SLAB_STASHES_FREES) | flag, memory_order_relaxed);
 }
 
-/* s becomes class c's current slab (NULL: none). For a mid class, its
- * owner's frees go to the cache (SLAB_CACHES_FREES), and those of the
- * slab it replaces, which stays owned, to the stash (SLAB_STASHES_FREES):
- * the free path tells them apart by one compare of the owner word each.
- * Without claims both are cleared: a fork child where membarrier is
- * refused may take over slabs flagged in the parent. */
+/* s becomes class c's current slab (NULL: none). For a mid class, the
+ * owner's frees of it, as of the slab it replaces, which stays owned, go
+ * to the class's stash (SLAB_STASHES_FREES), since the purger can claim
+ * it. Without claims the flag is cleared: a fork child where membarrier
+ * is refused may take over slabs flagged in the parent. */
 static void heap_set_cur(heap_t *heap, unsigned c, slab_t *s)
 {
     slab_t *old = heap->cur[c];
     if (old == s)
         return;
-    if (class_caches_frees(c)) {
+    if (class_stashes_frees(c)) {
+        uintptr_t flag = hak_claims_on ? SLAB_STASHES_FREES : 0;
         if (old)
-            slab_set_mid_flag(old, hak_claims_on ? SLAB_STASHES_FREES : 0);
+            slab_set_mid_flag(old, flag);
         if (s)
-            slab_set_mid_flag(s, hak_claims_on ? SLAB_CACHES_FREES : 0);
+            slab_set_mid_flag(s, flag);
     }
     heap->cur[c] = s;
 }
 
-/* Class c's stashed blocks go back to their slabs' local lists; true if
- * one of those slabs is empty now. None is the current slab: a slab
- * becomes current only at a refill, which runs with the stash empty. */
+/* Class c's stashed blocks go back to their slabs' local lists, the
+ * current slab's included; true if one of those slabs is empty now. */
 static bool heap_return_stash(heap_t *heap, unsigned c)
 {
     void **stash = heap_stash(heap, c);
@@ -335,7 +330,7 @@ static bool heap_return_stash(heap_t *heap, unsigned c)
     for (void *b = *stash, *next; b; b = next) {
         next = block_next(b);
         slab_t *s = slab_of(superslab_of(b), b);
-        hak_assert(s->class_idx == c && s->used > 0 && s != heap->cur[c]);
+        hak_assert(s->class_idx == c && s->used > 0);
         block_link(b, s->free);
         s->free = b;
         emptied |= --s->used == 0;
@@ -859,6 +854,7 @@ void heap_collect(heap_t *heap, bool unmap_now)
                 slab_purge_free_blocks(s);
     }
     heap_release_spares(heap, heap);
+    hak_assert(heap->kept_empty_bytes == 0); /* no slab is kept: the accounts agree */
     superslab_give_back_empty(heap, unmap_now);
     heap_leave_lists(heap);
 }
@@ -913,17 +909,21 @@ static void heap_forget_empty_owned(heap_t *heap, unsigned c)
 /* Under the claim: the mid caches and stashes go back to their slabs,
  * with what other threads freed into them; an emptied slab forgets its
  * blocks, and the pages inside the free blocks of the others go back to
- * the OS. The front to the page arenas empties too. */
+ * the OS. The front to the page arenas empties too. The current slab is
+ * left alone where nothing came back to it: empty, it may be counted as
+ * kept with its blocks (heap_keep_or_release_last). */
 static void heap_flush_mid_caches(heap_t *heap)
 {
     arena_front_flush(heap);
     for (unsigned c = TINY_CLASSES; c < CLASS_COUNT; c++) {
+        slab_t *s = heap->cur[c];
+        uint32_t cur_used = s ? s->used : 0;
         if (*heap_stash(heap, c) && heap_return_stash(heap, c))
             heap_forget_empty_owned(heap, c);
-        slab_t *s = heap->cur[c];
-        if (!s || !slab_caches_frees(c) ||
-            (!heap->cache[c] && !atomic_load_explicit(&s->remote, memory_order_relaxed)))
+        if (!s || (s->used == cur_used && !heap->cache[c] && !atomic_load_explicit(&s->remote, memory_order_relaxed)))
             continue;
+        if (s->parked) /* its block was handed out and came back to the stash, or waits in the cache */
+            heap_unpark(heap, s);
         heap_return_cache(heap, c);
         slab_drain_remote(s);
         if (s->used == 0)

@@ -98,12 +98,12 @@ static inline unsigned class_of(size_t size)
 
 static inline bool class_is_tiny(unsigned c) { return c < TINY_CLASSES; }
 
-/* The mid classes: the owner's frees go to the cache or the stash
+/* The mid classes: the owner's frees go to the class's stash
  * (hak_free_irregular), and their mallocs mark the heap against the
- * purger's claim (heap_mid_enter). Not the tiny classes, where the cache
- * push cost interleaved 16 B 6-12% (the flag takes every free of the
+ * purger's claim (heap_mid_enter). Not the tiny classes, where a push to
+ * the cache cost interleaved 16 B 6-12% (the flag takes every free of the
  * current slab off the fast path). */
-static inline bool class_caches_frees(unsigned c) { return !class_is_tiny(c); }
+static inline bool class_stashes_frees(unsigned c) { return !class_is_tiny(c); }
 
 /* Fetch p's cache line for writing. A free reads the block's mark and
  * then writes its link: a line another core wrote (a block freed by
@@ -148,10 +148,8 @@ struct heap;
  * path tests "owned by the caller and nothing special" with one compare. */
 enum slab_flag {
     SLAB_ALIGNED = 1, /* holds over-allocated aligned blocks: interior frees allowed */
-    SLAB_CACHES_FREES = 2, /* its owner's current slab of a mid class: frees go to the cache */
-    SLAB_STASHES_FREES = 4, /* its owner's other slab of a mid class: frees go to the stash */
-    SLAB_MID_FLAGS = SLAB_CACHES_FREES | SLAB_STASHES_FREES,
-    SLAB_FLAGS = 7,
+    SLAB_STASHES_FREES = 2, /* its owner's slab of a mid class: frees go to the class's stash */
+    SLAB_FLAGS = 3,
 };
 
 /* One slab: a run of 64 KiB pages holding blocks of one size class. Local
@@ -353,8 +351,7 @@ enum heap_state { HEAP_LIVE, HEAP_ORPHAN, HEAP_FREE, HEAP_DEAD };
     X(refill_new_slab, "refill: took a new slab from the SuperSlab pool")                     \
     X(free_local, "free: same thread, fast path")                                             \
     X(free_local_slow, "free: same thread, slow path (last block, aligned blocks)")           \
-    X(free_cached, "free: same thread, current mid slab, to the cache")                       \
-    X(free_stashed, "free: same thread, other mid slab, to the stash")                        \
+    X(free_stashed, "free: same thread, mid slab, to the class's stash")                      \
     X(free_remote, "free: another thread's slab, pushed onto its remote list")                \
     X(free_large, "free: large block")
 #define HAK_COUNTER_ENUM(name, what) HAK_CNT_##name,
@@ -373,7 +370,7 @@ enum { HAK_COUNTER_LIST(HAK_COUNTER_ENUM) HAK_COUNTER_COUNT };
 #define HEAP_KEPT_EMPTY_BYTES ((size_t)1 << 20)
 
 /* A mid class's stash holds up to this many bytes of blocks; the owner's
- * further frees of its other slabs go to their slabs' lists, where they
+ * further frees go to their slabs' lists, where they
  * can empty a slab for any class to reuse before the purger's flush. A
  * random replacement needs a block or two (the next malloc takes the one
  * just freed); a program that frees thousands at once keeps its slabs'
@@ -450,20 +447,23 @@ typedef struct heap_profile {
  * blocks of cur[c], the slab it is filled from. Heaps are never unmapped
  * (a remote free may still read one).
  *
- * The owner's frees of a mid class go to the cache if their slab is the
- * current one, else to the class's stash (the slab's flag in its owner
- * word says which), which its mallocs take from
- * when the cache is empty: returned to their own slabs, a program that
- * keeps a few dozen blocks of 4 KiB and replaces them at random spread
- * its frees over 5 slabs, and three mallocs in four took a slab switch to
- * find one (28 ns a pair, 12 with the stash, tcmalloc 6: docs/benchmarks.md,
- * session 26). Stashed blocks count as used in their slabs until the
- * purger, a collect or the thread's exit hands them back. */
+ * The owner's frees of a mid class go to the class's stash (its slabs
+ * carry a flag in their owner words), whichever slab they belong to, and
+ * its mallocs take from the stash before the cache: returned to their own
+ * slabs, a program that keeps a few dozen blocks of 4 KiB and replaces
+ * them at random spread its frees over 5 slabs, and three mallocs in four
+ * took a slab switch to find one (28 ns a pair, 12 with the stash,
+ * tcmalloc 6: docs/benchmarks.md, session 26); with the current slab's
+ * frees to the cache and the others' to the stash, which list a free
+ * went to and which a malloc found a block in were a coin toss, 0.6
+ * mispredicted branches a pair (session 31). Stashed blocks count as used
+ * in their slabs until the purger, a collect or the thread's exit hands
+ * them back. */
 typedef struct heap {
     void *cache[CLASS_COUNT];   /* free blocks of cur[c], ready to hand out */
     slab_t *cur[CLASS_COUNT];   /* the slab the cache is filled from, or NULL */
     slab_t *owned[CLASS_COUNT]; /* the class's other slabs: a circular list, searched in turn */
-    void *stash[CLASS_COUNT - TINY_CLASSES]; /* a mid class's freed blocks of its other slabs */
+    void *stash[CLASS_COUNT - TINY_CLASSES]; /* a mid class's freed blocks, of any of its slabs */
     uint16_t stash_count[CLASS_COUNT - TINY_CLASSES]; /* blocks in each, up to HEAP_STASH_BYTES */
     /* The SuperSlabs this heap carves slabs from, binned by their longest
      * run of free pages (bin 31: empty), so that a slab of k pages is
@@ -489,9 +489,9 @@ typedef struct heap {
     uint64_t sample_rng;       /* xorshift state drawing the sampling intervals */
     unsigned arena_lane;       /* the page arenas' lane its thread allocates from (arena.c) */
     _Atomic int in_slow;       /* inside a list update (fork safety; the purger's mid claim keeps off) */
-    /* The mid classes' frees to the cache, which the purger claims and
+    /* The mid classes' frees to the stash, which the purger claims and
      * flushes a purge delay after the first (heap_mid_enter, heaps_flush_mid). */
-    _Atomic bool mid_busy;     /* the owner is in a mid malloc or a free to the cache */
+    _Atomic bool mid_busy;     /* the owner is in a mid malloc or a free to the stash */
     _Atomic bool mid_claimed;  /* the purger flushes the mid caches: the owner keeps off */
     _Atomic bool mid_cached;   /* a free went to a mid cache since the purger last flushed them */
     _Atomic uint64_t mid_cached_ms; /* when mid_cached was last set */

@@ -214,7 +214,6 @@ static void test_thread_churn(void)
         fprintf(stderr, "churn: %.1f MiB mapped after the first rounds, %.1f after the last\n", first / 1048576,
                 last / 1048576);
     CHECK(last <= 1.5 * first);
-    for (int c = 0; c < 64; c++) if (hak_tiny_class_bytes(c)) fprintf(stderr, "DBG class %d bytes %zu\n", c, hak_tiny_class_bytes(c));
     CHECK(late.heaps_orphaned == 0); /* hak_collect took them all over */
     CHECK(late.tiny_bytes + late.mid_bytes < (1u << 20));
 }
@@ -617,6 +616,64 @@ static void test_parked_block(void)
     }
 }
 
+/* A parked block (test_parked_block) handed out and freed again goes to
+ * the stash, where the purger's flush (here another thread's collect)
+ * finds it: the slab must stop counting as kept before it forgets its
+ * blocks, or the heap's kept bytes stay counted for good (the debug
+ * build's check in heap_collect). The stash is filled first with another
+ * slab's blocks, so that the current slab's last block goes to its list
+ * and parks. */
+static void wait_for(_Atomic int *flag, int value)
+{
+    while (*flag < value)
+        usleep(1000);
+}
+
+enum { PARK_SIZE = 4096, PARK_STASHED = 16 /* HEAP_STASH_BYTES */, PARK_CUR = 4 };
+static _Atomic int park_step;
+
+static void *park_then_stash(void *arg)
+{
+    (void)arg;
+    char *stashed[PARK_STASHED], *cur[PARK_CUR];
+    for (int i = 0; i < PARK_STASHED; i++)
+        stashed[i] = heap_malloc(PARK_SIZE); /* a slab's worth */
+    for (int i = 0; i < PARK_CUR; i++)
+        cur[i] = heap_malloc(PARK_SIZE); /* the next slab, current */
+    for (int i = 0; i < PARK_STASHED; i++)
+        free(stashed[i]);  /* the stash is full */
+    for (int i = PARK_CUR; i-- > 0;)
+        free(cur[i]);      /* to the slab's list, the last one parked */
+    for (int i = 0; i < PARK_STASHED; i++)
+        stashed[i] = heap_malloc(PARK_SIZE); /* the stash first */
+    char *parked = heap_malloc(PARK_SIZE);
+    bool ok = parked == cur[0];
+    memset(parked, 7, PARK_SIZE);
+    free(parked);          /* to the stash now */
+    park_step = 1;
+    wait_for(&park_step, 2); /* the main thread flushed our mid caches */
+    for (int i = 0; i < PARK_STASHED; i++)
+        free(stashed[i]);
+    hak_collect(true);     /* the kept bytes are 0 again (checked in the debug build) */
+    char *again = heap_malloc(PARK_SIZE);
+    ok &= again != NULL && hak_owns(again);
+    free(again);
+    return (void *)(uintptr_t)ok;
+}
+
+static void test_parked_block_stashed(void)
+{
+    hak_collect(true);
+    pthread_t t;
+    pthread_create(&t, NULL, park_then_stash, NULL);
+    wait_for(&park_step, 1);
+    hak_collect(true); /* claims the thread's mid caches and flushes them */
+    park_step = 2;
+    void *ok;
+    pthread_join(t, &ok);
+    CHECK(ok != NULL);
+}
+
 /* Blocks another thread freed come back before never-used ones are
  * carved: rounds of 32 blocks of 48 B, each freed by a new thread, cycle
  * through about a page of blocks. Carving first, a slab of 1365 went by
@@ -754,10 +811,10 @@ static void test_mid_stash_superslabs(void)
     CHECK(mid_back_to(&before));
 }
 
-/* A thread's frees of its current mid slab go to its cache, which the
- * purger (or a collect from another thread) flushes under a claim: the
- * owner keeps off while it does, and the flush keeps off while the owner
- * is at them. Two threads churn mid blocks, checking each one's bytes
+/* A thread's frees of its mid blocks go to its stashes (and of blocks of
+ * 16-64 KiB to its arena front), which the purger (or a collect from
+ * another thread) flushes under a claim: the owner keeps off while it
+ * does, and the flush keeps off while the owner is at them. Two threads churn mid blocks, checking each one's bytes
  * before its free, while the main thread collects (and so claims their
  * caches) again and again; then they free everything and wait, alive, and
  * one more collect takes what their caches hold back to the slabs. */
@@ -772,12 +829,6 @@ static bool filled_with(const unsigned char *p, size_t size, unsigned char v)
         if (p[i] != v)
             return false;
     return true;
-}
-
-static void wait_for(_Atomic int *flag, int value)
-{
-    while (*flag < value)
-        usleep(1000);
 }
 
 static void *claim_worker(void *arg)
@@ -939,6 +990,7 @@ int main(int argc, char **argv)
     test_collect_from_new_thread();
     test_owns_while_collecting();
     test_parked_block();
+    test_parked_block_stashed();
     test_batch_refill();
     test_mid_stash();
     test_mid_stash_superslabs();
