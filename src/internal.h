@@ -830,6 +830,7 @@ double kpi_hist_percentile(const uint64_t *hist, unsigned buckets, double q);
 #define TUNER_ARMS 6
 #define TUNER_WIN_MARGIN 1.08 /* a probed arm must beat the current one by 8% ... */
 #define TUNER_WIN_STREAK 3    /* ... in this many windows in a row */
+#define TUNER_REST_MAX 64     /* windows a losing probe rests at most, times 1 / its reward's share */
 
 typedef struct tuner {
     int current;              /* the arm in force */
@@ -837,6 +838,8 @@ typedef struct tuner {
     int streak;               /* windows in a row the probe has won */
     uint64_t trials[TUNER_ARMS];
     double reward_sum[TUNER_ARMS];
+    uint64_t rest[TUNER_ARMS];       /* windows a losing probe of the arm now waits (doubles each loss) */
+    uint64_t rest_until[TUNER_ARMS]; /* the window count before which it is not probed again */
     uint64_t windows, moves;
     uint64_t cooldown_ms, cooldown_until_ms;
     uint64_t rng;
