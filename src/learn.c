@@ -80,6 +80,14 @@ double tuner_mean_reward(const tuner_t *t, int arm)
     return t->trials[arm] ? t->reward_sum[arm] / (double)t->trials[arm] : 0;
 }
 
+/* reward as a share of the current arm's mean (itself where that mean is
+ * not known yet). */
+static double reward_share(const tuner_t *t, double reward)
+{
+    double current = tuner_mean_reward(t, t->current);
+    return current > 0 ? reward / current : reward;
+}
+
 /* UCB1 over the current arm and its two neighbours not resting. */
 static int ucb_choice(tuner_t *t)
 {
@@ -92,12 +100,11 @@ static int ucb_choice(tuner_t *t)
         }
     if (n_untried)
         return untried[xorshift64(&t->rng) % (uint64_t)n_untried];
-    double current = tuner_mean_reward(t, t->current);
     int best = t->current;
     double best_index = -1;
     for (int i = 0; i < n; i++) {
         int a = candidates[i];
-        double x = current > 0 ? tuner_mean_reward(t, a) / current : tuner_mean_reward(t, a);
+        double x = reward_share(t, tuner_mean_reward(t, a));
         double index = x / (1 + x) + __builtin_sqrt(2 * ln((double)t->windows) / (double)t->trials[a]);
         if (index > best_index)
             best = a, best_index = index;
@@ -124,12 +131,12 @@ int tuner_decide(tuner_t *t, int arm_ran, double reward, uint64_t now_ms)
     t->reward_sum[arm_ran] += reward;
     t->windows++;
     if (arm_ran == t->probe) {
-        double current = tuner_mean_reward(t, t->current);
-        if (reward >= TUNER_WIN_MARGIN * current) {
+        double share = reward_share(t, reward);
+        if (share >= TUNER_WIN_MARGIN) {
             t->streak++;
-            t->rest[arm_ran] = 0; /* a loss to noise later costs one rest, not a doubled one */
+            t->rest[arm_ran] = 0; /* a later loss costs one rest, not a doubled one */
         } else {
-            probe_lost(t, arm_ran, current > 0 ? reward / current : 1);
+            probe_lost(t, arm_ran, share);
             t->probe = -1, t->streak = 0;
         }
         if (t->streak >= TUNER_WIN_STREAK) {

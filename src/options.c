@@ -91,7 +91,7 @@ static option_t options[] = {
      "Policy: baseline keeps HAKMEM_LARGE_THRESHOLD; evolving lets the UCB1 tuner move it (64K..2M) from measured KPIs, starting there.",
      &hak_config.mode, 0, 0, {"baseline", "evolving", NULL}},
     {"HAKMEM_TUNE_WINDOW_MS", OPT_INT, "1000",
-     "Length of one tuner window: the KPIs of each window are one reward for the arm it ran.",
+     "Length of one tuner window: the KPIs of each window are one reward for the arm it ran (a window in which nothing was allocated or timed gives none).",
      &hak_config.tune_window_ms, 1, 3600000, {0}},
     {"HAKMEM_TUNE_COOLDOWN_S", OPT_INT, "180",
      "After the tuner moves the threshold, seconds before it may probe or move again.",
