@@ -712,18 +712,22 @@ bool arena_resize(void *p, size_t size)
  * free of one is a double free, and hak_owns denies it. */
 uintptr_t arena_front_secret;
 
-/* Hardened: b, met on a front's list of blocks of `pages` pages, must be
- * such a block; a link that a write after free changed stops the program
- * before it is followed. */
-void arena_front_check(const void *b, uint32_t pages)
+/* Hardened: b, met on a front's list of blocks of `pages` pages with
+ * `count` blocks from it on, must be such a block, and its link must
+ * count one block less: a link that a write after free changed stops the
+ * program before it is followed. */
+void arena_front_check(const uintptr_t *b, uint32_t pages, unsigned count)
 {
-    if (segmap_kind(b) != SEG_ARENA || ((uintptr_t)b & (ARENA_PAGE - 1)))
+    if (segmap_kind(b) != SEG_ARENA || arena_front_count(b[0]) != count - 1)
         hak_free_list_corrupt(b);
     arena_t *a = arena_of(b);
     uint64_t e = entry(a, page_index(a, b));
     if ((e & (E_HEAD | E_STATE_MASK | E_SAMPLED)) != E_USED_HEAD || e_pages(e) != pages || !arena_block_in_front(b))
         hak_free_list_corrupt(b);
 }
+
+/* A block's first two words, written by one 16-byte store. */
+typedef uintptr_t link_and_mark_t __attribute__((vector_size(2 * sizeof(uintptr_t)), may_alias));
 
 /* p, inside a page arena, joins the calling thread's front if it starts
  * a block handed out (not in a front, not a sample) of a front's size and
@@ -746,14 +750,14 @@ static inline bool front_push(void *p)
         return false;
     arena_front_t *f = &heap->arena_front;
     unsigned bin = pages - ARENA_FRONT_MIN_PAGES;
-    bool kept = f->count[bin] < f->limit[bin];
+    uintptr_t head = f->heads[bin];
+    bool kept = arena_front_count(head) < f->limit[bin];
     if (kept) {
-        uintptr_t *b = p; /* marked first: a fork before the push loses it in the child */
-        b[1] = mark;
+        /* Link and mark in one store (a fork before the head's loses the
+         * block in the child, never leaves an unmarked one in a bin). */
+        *(link_and_mark_t *)p = (link_and_mark_t){head, mark};
         atomic_signal_fence(memory_order_seq_cst);
-        b[0] = (uintptr_t)f->blocks[bin];
-        f->blocks[bin] = b;
-        f->count[bin]++;
+        f->heads[bin] = (uintptr_t)p | (arena_front_count(head) + 1);
     }
     heap_mid_leave(heap);
     if (kept && !atomic_load_explicit(&heap->mid_cached, memory_order_relaxed))
@@ -775,7 +779,7 @@ void arena_front_flush(heap_t *heap)
 {
     arena_front_t *f = &heap->arena_front;
     for (unsigned bin = 0; bin < ARENA_FRONT_BINS; bin++)
-        while (f->blocks[bin])
+        while (f->heads[bin])
             arena_free(arena_front_pop(f, bin), "free");
     memset(f, 0, sizeof *f);
 }

@@ -406,11 +406,23 @@ typedef struct bigcache_front {
 #define ARENA_FRONT_MAX_PAGES ((uint32_t)(LARGE_THRESHOLD_MIN >> ARENA_PAGE_SHIFT)) /* never large */
 #define ARENA_FRONT_BINS (ARENA_FRONT_MAX_PAGES - ARENA_FRONT_MIN_PAGES + 1)
 #define ARENA_FRONT_BIN_BYTES ((size_t)512 << 10)
+/* A bin's head word is its first block's address (page-aligned) with the
+ * bin's block count in the low bits, and each block's link is the head
+ * word it was pushed onto: a pop restores the count with the link, and
+ * neither a push nor a pop stores a count. A store less counts: json's
+ * pair (malloc of 64 KiB, a store to each page, free) took 40 ns at 12
+ * stores of the allocator's and 35 at 9, the stores behind the touches'
+ * cache misses (docs/benchmarks.md, session 33). */
+#define ARENA_FRONT_COUNT_MASK ((uintptr_t)ARENA_PAGE - 1)
 typedef struct arena_front {
-    void *blocks[ARENA_FRONT_BINS]; /* linked through their first word */
-    uint8_t count[ARENA_FRONT_BINS];
+    uintptr_t heads[ARENA_FRONT_BINS];
     uint8_t limit[ARENA_FRONT_BINS]; /* grows by one each time a malloc finds the bin empty */
 } arena_front_t;
+_Static_assert(ARENA_FRONT_BIN_BYTES / (ARENA_FRONT_MIN_PAGES * ARENA_PAGE) <= ARENA_FRONT_COUNT_MASK,
+               "a bin's count fits below its first block's address");
+
+static inline uintptr_t *arena_front_first(uintptr_t head) { return (uintptr_t *)(head & ~ARENA_FRONT_COUNT_MASK); }
+static inline unsigned arena_front_count(uintptr_t head) { return (unsigned)(head & ARENA_FRONT_COUNT_MASK); }
 
 /* *counter += n with a relaxed load and store, no locked instruction: on
  * x86 each of those waits for the stores before it to drain. Exact where
@@ -603,7 +615,7 @@ void arena_fork_child(void);
 
 void arena_front_free(void *p, const char *op);
 void arena_front_flush(heap_t *heap);
-void arena_front_check(const void *b, uint32_t pages);
+void arena_front_check(const uintptr_t *b, uint32_t pages, unsigned count);
 
 /* A block in a thread's front carries the fronts' mark in its second
  * word, as a free slab block carries its SuperSlab's (a program's data
@@ -622,13 +634,12 @@ static inline bool arena_block_in_front(const void *b) { return ((const uintptr_
  * led to it. */
 static inline void *arena_front_pop(arena_front_t *f, unsigned bin)
 {
-    uintptr_t *b = f->blocks[bin];
+    uintptr_t *b = arena_front_first(f->heads[bin]);
     if (HAK_SECURE)
-        arena_front_check(b, bin + ARENA_FRONT_MIN_PAGES);
-    f->blocks[bin] = (void *)b[0];
+        arena_front_check(b, bin + ARENA_FRONT_MIN_PAGES, arena_front_count(f->heads[bin]));
+    f->heads[bin] = b[0];
     atomic_signal_fence(memory_order_seq_cst);
     b[1] = 0;
-    f->count[bin]--;
     return b;
 }
 
@@ -646,7 +657,7 @@ static inline void *arena_front_take(heap_t *heap, size_t size)
     arena_front_t *f = &heap->arena_front;
     unsigned bin = pages - ARENA_FRONT_MIN_PAGES;
     void *b = NULL;
-    if (likely(f->blocks[bin] != NULL))
+    if (likely(f->heads[bin] != 0))
         b = arena_front_pop(f, bin);
     else if ((size_t)(f->limit[bin] + 1) * pages * ARENA_PAGE <= ARENA_FRONT_BIN_BYTES && hak_claims_on)
         f->limit[bin]++; /* without claims (no membarrier) the purger could not empty it: none */

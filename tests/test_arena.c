@@ -138,14 +138,12 @@ static void test_front_consumer(void)
 }
 
 /* Hardened: a write after free over a block in the front stops the
- * program at the malloc that would take it, naming hakmem. The default
- * build follows the fronts' links unchecked, as the slab caches'. */
-static void test_front_corrupt_link(void)
+ * program at the malloc that would take it, naming hakmem: over its link
+ * and mark (the mark is gone), or over its link alone (the count the link
+ * carries is wrong), before the link is followed. The default build
+ * follows the fronts' links unchecked, as the slab caches'. */
+static void front_corrupt_link(size_t bytes)
 {
-    hak_stats_t s;
-    hak_stats_get(&s);
-    if (!s.hardened)
-        return;
     int err[2];
     CHECK(pipe(err) == 0);
     pid_t pid = fork();
@@ -154,8 +152,7 @@ static void test_front_corrupt_link(void)
         char *a = heap_malloc(24 * KiB), *b = heap_malloc(24 * KiB);
         free(a);
         free(b);
-        memset(b, 0x5a, 16); /* b is the front's first: its link and mark are gone */
-        heap_malloc(24 * KiB);
+        memset(b, 0x5a, bytes); /* b is the front's first */
         heap_malloc(24 * KiB);
         _exit(0);
     }
@@ -167,6 +164,16 @@ static void test_front_corrupt_link(void)
     waitpid(pid, &status, 0);
     CHECK(got > 0 && strstr(message, "hakmem: malloc: free list corrupted at 0x"));
     CHECK(WIFSIGNALED(status) && WTERMSIG(status) == SIGABRT);
+}
+
+static void test_front_corrupt_link(void)
+{
+    hak_stats_t s;
+    hak_stats_get(&s);
+    if (!s.hardened)
+        return;
+    front_corrupt_link(16);
+    front_corrupt_link(8);
 }
 
 /* Two neighbours freed merge; the merged run is the best fit for a block
