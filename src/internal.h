@@ -829,7 +829,7 @@ unsigned site_index_of(uintptr_t site);
 void kpi_init(void);
 #define KPI_LARGE_TIMING 8 /* a power of two */
 void kpi_record_latency(uint64_t ticks, uint64_t weight);
-double kpi_ns_per_tick(void);
+double kpi_ns_per_tick(bool may_wait); /* may_wait: sleep until 20 ms after init */
 void kpi_window_counters(uint64_t *latency_ticks, uint64_t *allocations);
 bool kpi_large_call(void); /* counts it; true for the one in KPI_LARGE_TIMING that is timed */
 unsigned kpi_bucket_of(uint64_t ticks); /* log-scale histogram bucket: latencies, lifetimes */

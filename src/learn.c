@@ -219,7 +219,7 @@ static void window_close(uint64_t now)
         window_open(now);
         return;
     }
-    double latency = (double)(ticks - win_latency_ticks) * kpi_ns_per_tick() / (double)allocations;
+    double latency = (double)(ticks - win_latency_ticks) * kpi_ns_per_tick(false) / (double)allocations;
     double faults = 1000.0 * (double)(faults_now() - win_faults) / (double)allocations;
     double rss = (double)os_rss_bytes();
     if (!have_reference) {

@@ -88,7 +88,7 @@ static option_t options[] = {
      "Per-site rules drawn from the profile: BigCache off for a site whose first 16 large blocks got no hit, pre-warm for a site whose first 8 new blocks were at least 90% touched.",
      &hak_config.site_rules, 0, 1, {0}},
     {"HAKMEM_MODE", OPT_CHOICE, "baseline",
-     "Policy: baseline keeps HAKMEM_LARGE_THRESHOLD; evolving lets the UCB1 tuner move it (64K..2M) from measured KPIs, starting there.",
+     "Policy: baseline keeps HAKMEM_LARGE_THRESHOLD; evolving lets the UCB1 tuner move it (64K..2M) from measured KPIs (timed by the profiling: still under HAKMEM_PROFILE=0), starting there.",
      &hak_config.mode, 0, 0, {"baseline", "evolving", NULL}},
     {"HAKMEM_TUNE_WINDOW_MS", OPT_INT, "1000",
      "Length of one tuner window: the KPIs of each window are one reward for the arm it ran (a window in which nothing was allocated or timed gives none).",

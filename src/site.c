@@ -255,7 +255,7 @@ static void counts_of(unsigned i, uint64_t counts[SITE_COUNTS])
 HAK_EXPORT size_t hak_sites_get_sized(hak_site_t *out, size_t max, size_t size)
 {
     hak_ensure_init();
-    double ns_per_tick = kpi_ns_per_tick();
+    double ns_per_tick = kpi_ns_per_tick(true);
     size_t n = 0;
     for (unsigned i = 0; i <= SITE_TABLE && n < max; i++) {
         const site_entry_t *e = &sites[i];

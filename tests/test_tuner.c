@@ -4,14 +4,20 @@
  * and keeps its cooldown. "evolving": a real run (HAKMEM_MODE=evolving,
  * threshold starting at 64K) of a workload whose large-tier blocks cost
  * page faults: the tuner raises the threshold until they come from slabs.
- * Usage: test_tuner rule|evolving */
+ * "windows": windows of 1 ms, samples rarer than the run's allocations: while only tiny blocks
+ * are allocated nothing is timed and no window is judged; once large
+ * calls are, windows are, and no malloc sleeps to close one.
+ * Usage: test_tuner rule|evolving|windows */
 #include "../src/internal.h"
 #include "check.h"
 #include "hakmem.h"
 
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/syscall.h>
+#include <time.h>
 #include <unistd.h>
 
 /* Reward of arm a: best at 512K (arm 3), 15% less per step away, with
@@ -131,6 +137,62 @@ static void test_evolving(void)
     CHECK(s.tuner_windows <= 60);
 }
 
+/* The library's calls to nanosleep land here (it is linked statically):
+ * those of the main thread, the one that allocates, are counted. */
+static pthread_t main_thread;
+static int main_thread_sleeps;
+int nanosleep(const struct timespec *wait, struct timespec *left)
+{
+    if (pthread_equal(pthread_self(), main_thread))
+        main_thread_sleeps++;
+    return (int)syscall(SYS_nanosleep, wait, left); /* -1 and errno, as nanosleep */
+}
+
+static double elapsed_ms(const struct timespec *since)
+{
+    struct timespec now;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    return (double)(now.tv_sec - since->tv_sec) * 1e3 + (double)(now.tv_nsec - since->tv_nsec) / 1e6;
+}
+
+static void test_windows(void)
+{
+    main_thread = pthread_self();
+    struct timespec start;
+    clock_gettime(CLOCK_MONOTONIC, &start);
+    enum { BLOCKS = 4096 };
+    static void *held[BLOCKS];
+    hak_stats_t s;
+    /* Tiny blocks only, for 5 windows and more: one slab refill in 64 or
+     * so calls the tuner (each round refills each of the 64 classes),
+     * allocations are counted, nothing is timed. */
+    for (int round = 0; elapsed_ms(&start) < 5 || round < 8; round++) {
+        for (int i = 0; i < BLOCKS; i++) {
+            held[i] = malloc((size_t)(i % 64) * 16 + 16);
+            __asm__ volatile("" : : "r"(held[i]) : "memory");
+        }
+        for (int i = 0; i < BLOCKS; i++)
+            free(held[i]);
+        hak_collect(true); /* the next round refills again */
+    }
+    hak_stats_get(&s);
+    CHECK(s.tuner_windows == 0);
+    /* Large calls, timed one in 8: the first windows are judged here, in
+     * the release build within 20 ms of the library's start, where the
+     * tick rate's calibration used to sleep out the rest inside a malloc. */
+    for (int i = 0; s.tuner_windows < 3 && elapsed_ms(&start) < 2000; i++) {
+        char *p = malloc((size_t)4 << 20);
+        __asm__ volatile("" : : "r"(p) : "memory"); /* not elided */
+        free(p);
+        if (i % 64 == 0)
+            hak_stats_get(&s);
+    }
+    printf("tuner: %llu windows judged by %.1f ms; %d sleeps in the main thread\n",
+           (unsigned long long)s.tuner_windows, elapsed_ms(&start), main_thread_sleeps);
+    CHECK(s.tuner_windows >= 3);
+    CHECK(main_thread_sleeps == 0);
+}
+
 int main(int argc, char **argv)
 {
     const char *mode = argc > 1 ? argv[1] : "rule";
@@ -138,5 +200,7 @@ int main(int argc, char **argv)
         test_rule();
     else if (!strcmp(mode, "evolving"))
         test_evolving();
+    else if (!strcmp(mode, "windows"))
+        test_windows();
     return check_summary("test_tuner");
 }
