@@ -753,7 +753,7 @@ static inline bool front_push(void *p)
     uintptr_t head = f->heads[bin];
     bool kept = arena_front_count(head) < f->limit[bin];
     if (kept) {
-        /* Link and mark in one store (a fork before the head's loses the
+        /* Link and mark in one store (a fork before the head is stored loses the
          * block in the child, never leaves an unmarked one in a bin). */
         *(link_and_mark_t *)p = (link_and_mark_t){head, mark};
         atomic_signal_fence(memory_order_seq_cst);
