@@ -88,7 +88,7 @@ static option_t options[] = {
      "Per-site rules drawn from the profile: BigCache off for a site whose first 16 large blocks got no hit, pre-warm for a site whose first 8 new blocks were at least 90% touched.",
      &hak_config.site_rules, 0, 1, {0}},
     {"HAKMEM_MODE", OPT_CHOICE, "baseline",
-     "Policy: baseline keeps HAKMEM_LARGE_THRESHOLD; evolving lets the UCB1 tuner move it (64K..2M) from measured KPIs (timed by the profiling: still under HAKMEM_PROFILE=0), starting there.",
+     "Policy: baseline keeps HAKMEM_LARGE_THRESHOLD; evolving lets the UCB1 tuner move it (64K..2M) from measured KPIs (the profiling's timings: with HAKMEM_PROFILE=0 it warns and never moves), starting there.",
      &hak_config.mode, 0, 0, {"baseline", "evolving", NULL}},
     {"HAKMEM_TUNE_WINDOW_MS", OPT_INT, "1000",
      "Length of one tuner window: the KPIs of each window are one reward for the arm it ran (a window in which nothing was allocated or timed gives none).",
@@ -259,6 +259,9 @@ void options_init(void)
             hak_warn("unknown option (see docs/options.md)", name);
         }
     }
+    /* The tuner's rewards are the profiling's timings. */
+    if (hak_config.mode == MODE_EVOLVING && !hak_config.profile)
+        hak_warn("HAKMEM_MODE=evolving with HAKMEM_PROFILE=0", "nothing is timed, the tuner keeps HAKMEM_LARGE_THRESHOLD");
 }
 
 HAK_EXPORT void hak_options_print(FILE *out)

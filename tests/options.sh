@@ -17,11 +17,12 @@ for documented in $(grep -oE '^\| `HAKMEM_[A-Z0-9_]+`' "$doc" | tr -d '|` '); do
   check "$documented in docs/options.md exists in the code" "printf '%s\n' ${names[*]} | grep -qx '$documented'"
 done
 
-warn_of() { # env assignment, expected warning text
-  local err
-  err=$(env "$1" "$print_options" alloc 2>&1 >/dev/null); local rc=$?
-  check "$1: runs (rc $rc)" "[ $rc -eq 0 ]"
-  check "$1: warns '$2'" "grep -qF -- '$2' <<<\"\$err\""
+warn_of() { # env assignments..., expected warning text
+  local expected=${!#} err
+  local assignments=("${@:1:$#-1}")
+  err=$(env "${assignments[@]}" "$print_options" alloc 2>&1 >/dev/null); local rc=$?
+  check "${assignments[*]}: runs (rc $rc)" "[ $rc -eq 0 ]"
+  check "${assignments[*]}: warns '$expected'" "grep -qF -- '$expected' <<<\"\$err\""
 }
 warn_of HAKMEM_ON_ERROR=maybe "hakmem: warning: bad option value: HAKMEM_ON_ERROR=maybe is not one of abort, warn"
 warn_of HAKMEM_LARGE_THRESHOLD=300K "HAKMEM_LARGE_THRESHOLD=300K is not a power of two"
@@ -30,7 +31,8 @@ warn_of HAKMEM_STATS=perhaps "HAKMEM_STATS=perhaps is not one of 0, 1, json"
 warn_of HAKMEM_PROFILE=perhaps "HAKMEM_PROFILE=perhaps is not a boolean"
 warn_of HAKMEM_MODE=learning "HAKMEM_MODE=learning is not one of baseline, evolving"
 warn_of HAKMEM_BOGUS_OPTION=1 "unknown option (see docs/options.md): HAKMEM_BOGUS_OPTION"
-quiet=$(env HAKMEM_LARGE_THRESHOLD=256K HAKMEM_ON_ERROR=WARN HAKMEM_PURGE_DELAY_MS=0 "$print_options" alloc 2>&1)
+warn_of HAKMEM_MODE=evolving HAKMEM_PROFILE=0 "hakmem: warning: HAKMEM_MODE=evolving with HAKMEM_PROFILE=0: nothing is timed, the tuner keeps HAKMEM_LARGE_THRESHOLD"
+quiet=$(env HAKMEM_LARGE_THRESHOLD=256K HAKMEM_ON_ERROR=WARN HAKMEM_PURGE_DELAY_MS=0 HAKMEM_MODE=evolving "$print_options" alloc 2>&1)
 check "well-formed values are accepted silently" "[ -z '$quiet' ]"
 
 echo "options: $passed passed, $failed failed"
