@@ -309,43 +309,47 @@ static void soak_tick(double elapsed)
         rss_sample[rss_count++] = rss_bytes();
 }
 
-static int compare_size(const void *a, const void *b)
+/* The rise of RSS over samples v[0..n), as a fraction of their mean: the
+ * least-squares line's climb from the first sample to the last. */
+static double fitted_rise(const size_t *v, unsigned n)
 {
-    size_t x = *(const size_t *)a, y = *(const size_t *)b;
-    return (x > y) - (x < y);
+    double mean_x = (n - 1) / 2.0, mean_y = 0, covariance = 0, variance = 0;
+    for (unsigned i = 0; i < n; i++)
+        mean_y += (double)v[i] / n;
+    for (unsigned i = 0; i < n; i++) {
+        covariance += (i - mean_x) * ((double)v[i] - mean_y);
+        variance += (i - mean_x) * (i - mean_x);
+    }
+    return covariance / variance * (n - 1) / mean_y;
 }
 
-static size_t median_of(size_t *v, unsigned n)
-{
-    qsort(v, n, sizeof *v, compare_size);
-    return v[n / 2];
-}
-
-/* RSS is flat when its floor does not rise: the lowest sample of the last
- * quarter within 10% (plus 4 MiB of noise) of the lowest of the second
- * (the first quarter is warm-up), and the last quarter's median below
- * the second's peak. RSS swings by a fifth with the workers' lives, one
- * or so a quarter in the short soak under a loaded ctest: the medians of
- * the two quarters, compared within 10%, failed there (107 MiB, then
- * 126, where their samples ranged over 95-143 MiB in each). */
+/* RSS is flat when the line fitted to it after warm-up (the first quarter)
+ * rises by at most a quarter. RSS swings by a fifth or more with the
+ * workers' lives, so two quarters' floors or medians compared failed now
+ * and then under a loaded ctest (session 33: floors 124 against 152 MiB).
+ * The fit over the short soak's 45 samples, three soaks at once on two
+ * cores, rose by -5% to +12% in twenty runs, and by 36-67% in nine with
+ * one free in 300 skipped (17-31% with one in 1,000). */
 static int soak(double seconds, unsigned threads)
 {
     double start = now_s();
     unsigned lives = run_workers(seconds, threads, 512, 50000, soak_tick);
     exchange_drain();
-    unsigned q = rss_count / 4;
-    CHECK(q >= 2);
-    if (q < 2)
+    unsigned warm_up = rss_count / 4;
+    CHECK(rss_count - warm_up >= 8);
+    if (rss_count - warm_up < 8)
         return check_summary("test_stress soak");
-    size_t warm = median_of(rss_sample + q, q) >> 20, warm_floor = rss_sample[q] >> 20,
-           warm_peak = rss_sample[2 * q - 1] >> 20; /* sorted by median_of */
-    size_t late = median_of(rss_sample + 3 * q, rss_count - 3 * q) >> 20, late_floor = rss_sample[3 * q] >> 20;
-    printf("test_stress soak: %llu operations, %u thread lives, %.0f s; RSS after warm-up: median %zu MiB, "
-           "%zu-%zu; in the last quarter: median %zu MiB, floor %zu\n",
-           (unsigned long long)atomic_load(&ops_done), lives, now_s() - start, warm, warm_floor, warm_peak, late,
-           late_floor);
-    CHECK(late_floor <= warm_floor + warm_floor / 10 + 4);
-    CHECK(late <= warm_peak + 4);
+    double rise = fitted_rise(rss_sample + warm_up, rss_count - warm_up);
+    size_t low = SIZE_MAX, high = 0;
+    for (unsigned i = warm_up; i < rss_count; i++) {
+        low = rss_sample[i] < low ? rss_sample[i] : low;
+        high = rss_sample[i] > high ? rss_sample[i] : high;
+    }
+    printf("test_stress soak: %llu operations, %u thread lives, %.0f s; RSS after warm-up %zu-%zu MiB "
+           "in %u samples, fitted rise %+.0f%%\n",
+           (unsigned long long)atomic_load(&ops_done), lives, now_s() - start, low >> 20, high >> 20,
+           rss_count - warm_up, rise * 100);
+    CHECK(rise <= 0.25);
     CHECK(atomic_load(&bad_blocks) == 0);
     CHECK(atomic_load(&foreign_blocks) == 0);
     return check_summary("test_stress soak");
