@@ -11,9 +11,10 @@
  *            free them all, again (the threadtest pattern);
  *  mid:      each thread on its own keeps 64 live blocks of 1..64 KiB and
  *            replaces a random one at each step (xmalloc-like, mid tier);
- *  mid4k:    the same with blocks of 4 KiB only (one size of buffer).
+ *  mid4k:    the same with blocks of 4 KiB only (one size of buffer);
+ *  spread:   the same with blocks of 16 B..64 KiB, each doubling as likely.
  * Reports M ops/s (a malloc or a free is one op) and RSS at the end.
- * Usage: threads larson|prodcons|churn|batch|mid THREADS OPS_PER_THREAD */
+ * Usage: threads larson|prodcons|churn|batch|mid|mid4k|spread THREADS OPS_PER_THREAD */
 #include "common.h"
 
 #include <pthread.h>
@@ -119,7 +120,16 @@ static void *batch(void *arg)
 }
 
 enum { MID_LIVE = 64 };
-static size_t mid_fixed_size; /* mid4k: every block this size */
+static size_t mid_size_1k_64k(uint64_t r) { return 1024 + (r >> 16) % (63 * 1024); }
+static size_t mid_size_4k(uint64_t r) { return (void)r, 4096; }
+/* 16 B..64 KiB, each doubling as likely: most blocks small, as in most
+ * programs, and the tiny, mid and arena tiers side by side. */
+static size_t mid_size_spread(uint64_t r)
+{
+    size_t base = (size_t)16 << (r >> 16) % 12;
+    return base + ((r >> 24) & (base - 1));
+}
+static size_t (*mid_size)(uint64_t r) = mid_size_1k_64k;
 
 static void *mid(void *arg)
 {
@@ -129,8 +139,9 @@ static void *mid(void *arg)
         uint64_t r = rng_next(&seed);
         void **slot = &live[r % MID_LIVE];
         free(*slot);
-        *slot = malloc(mid_fixed_size ? mid_fixed_size : 1024 + (r >> 16) % (63 * 1024));
-        memset(*slot, 1, 64);
+        size_t size = mid_size(r);
+        *slot = malloc(size);
+        memset(*slot, 1, size < 64 ? size : 64);
     }
     for (int i = 0; i < MID_LIVE; i++)
         free(live[i]);
@@ -165,7 +176,11 @@ static long run(const char *workload)
     if (!strcmp(workload, "mid"))
         return run_each(mid);
     if (!strcmp(workload, "mid4k")) {
-        mid_fixed_size = 4096;
+        mid_size = mid_size_4k;
+        return run_each(mid);
+    }
+    if (!strcmp(workload, "spread")) {
+        mid_size = mid_size_spread;
         return run_each(mid);
     }
     if (!strcmp(workload, "prodcons")) {
@@ -197,7 +212,7 @@ static long run(const char *workload)
 int main(int argc, char **argv)
 {
     if (argc != 4)
-        return fprintf(stderr, "usage: threads larson|prodcons|churn|batch|mid|mid4k THREADS OPS_PER_THREAD\n"), 2;
+        return fprintf(stderr, "usage: threads larson|prodcons|churn|batch|mid|mid4k|spread THREADS OPS_PER_THREAD\n"), 2;
     nthreads = atoi(argv[2]);
     if (nthreads < 1 || nthreads > 64)
         return 2;
