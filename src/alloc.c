@@ -291,7 +291,7 @@ static HAK_NOINLINE void hak_free_diagnosed(slab_t *s, void *p, const char *op)
         heap_mid_leave(heap);
         if (!pushed)
             hak_report_bad_pointer(op, p, "double free");
-        else if (!atomic_load_explicit(&heap->mid_cached, memory_order_relaxed))
+        else
             heap_mid_cached(heap);
         return;
     }
@@ -320,8 +320,7 @@ void hak_free_irregular(slab_t *s, void *p, const char *op)
         bool pushed = heap_mid_push(heap, s, p);
         heap_mid_leave(heap);
         if (likely(pushed)) {
-            if (unlikely(!atomic_load_explicit(&heap->mid_cached, memory_order_relaxed)))
-                heap_mid_cached(heap);
+            heap_mid_cached(heap);
             return;
         }
     }

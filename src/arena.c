@@ -760,7 +760,7 @@ static inline bool front_push(void *p)
         f->heads[bin] = (uintptr_t)p | (arena_front_count(head) + 1);
     }
     heap_mid_leave(heap);
-    if (kept && !atomic_load_explicit(&heap->mid_cached, memory_order_relaxed))
+    if (kept)
         heap_mid_cached(heap);
     return kept;
 }

@@ -873,7 +873,7 @@ void heap_mid_wait(heap_t *heap)
  * the purger flushes them a purge delay later. Timed here, not when the
  * purger first looks: without the thread the next look may come much
  * later, and the blocks then wait out a second delay in their arena. */
-void heap_mid_cached(heap_t *heap)
+void heap_mid_cached_first(heap_t *heap)
 {
     atomic_store_explicit(&heap->mid_cached_ms, os_now_ms(), memory_order_relaxed);
     atomic_store_explicit(&heap->mid_cached, true, memory_order_release);

@@ -551,7 +551,15 @@ static inline void **heap_stash(heap_t *heap, unsigned c) { return &heap->stash[
 static inline uint16_t *heap_stash_count(heap_t *heap, unsigned c) { return &heap->stash_count[c - TINY_CLASSES]; }
 
 void heap_mid_wait(heap_t *heap); /* until the purger's claim is over */
-void heap_mid_cached(heap_t *heap); /* a free went to a mid cache */
+void heap_mid_cached_first(heap_t *heap);
+
+/* A free went to a mid cache (a stash or the arenas' front): the first
+ * since the purger last flushed them starts its delay. */
+static inline void heap_mid_cached(heap_t *heap)
+{
+    if (unlikely(!atomic_load_explicit(&heap->mid_cached, memory_order_relaxed)))
+        heap_mid_cached_first(heap);
+}
 
 void *heap_alloc_slow(heap_t *heap, unsigned c, size_t size, uintptr_t site);
 heap_t *heap_thread_init(void);
