@@ -100,9 +100,11 @@ static inline bool class_is_tiny(unsigned c) { return c < TINY_CLASSES; }
 
 /* The mid classes: the owner's frees go to the class's stash
  * (hak_free_irregular), and their mallocs mark the heap against the
- * purger's claim (heap_mid_enter). Not the tiny classes, where a push to
- * the cache cost interleaved 16 B 6-12% (the flag takes every free of the
- * current slab off the fast path). */
+ * purger's claim (heap_mid_enter). Not the tiny classes: every class
+ * through the stash made a pair of a tiny and a mid block 14.2 -> 7.7 ns
+ * but bench_tiny lifo 16 B 294 -> 218 M ops/s and interleaved 457 -> 396
+ * (75 -> 106 instructions a pair), a third of it the claim's stores
+ * (docs/benchmarks.md, session 35). */
 static inline bool class_stashes_frees(unsigned c) { return !class_is_tiny(c); }
 
 /* Fetch p's cache line for writing. A free reads the block's mark and
