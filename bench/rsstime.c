@@ -8,7 +8,11 @@
  * the live memory of a slow one, so RSS measured the allocator's speed. RSS is sampled every
  * 1/40 of the run; we report it after warm-up (a quarter of the run), at
  * the end, its peak, and the growth from warm-up to the end, plus the
- * throughput. Usage: rsstime OPERATIONS */
+ * throughput and the soft page faults per block over the whole run: an
+ * allocator that gives freed pages back at once keeps RSS near the live
+ * set but faults them in again (glibc's trim: 0.9 faults a block against
+ * 0.05 without it, docs/benchmarks.md, session 36). Usage: rsstime
+ * OPERATIONS */
 #include "common.h"
 
 #include <pthread.h>
@@ -45,6 +49,7 @@ int main(int argc, char **argv)
     static char *kept[LIVE];
     pthread_t t;
     double start = now_ns();
+    long faults_before = soft_faults();
     pthread_create(&t, NULL, producer, NULL);
     for (long i = 0; i < operations; i++) { /* the consumer */
         _Atomic(char *) *slot = &ring[i % IN_FLIGHT];
@@ -59,6 +64,7 @@ int main(int argc, char **argv)
     }
     pthread_join(t, NULL);
     double elapsed = now_ns() - start;
+    long faults = soft_faults() - faults_before;
     for (int i = 0; i < LIVE; i++)
         free(kept[i]);
     size_t peak = 0;
@@ -70,5 +76,6 @@ int main(int argc, char **argv)
     report("rss_end_mib", end / 1048576.0);
     report("rss_peak_mib", (double)peak / 1048576.0);
     report("rss_growth_mib", (end - warm) / 1048576.0);
+    report("faults_per_block", (double)faults / (double)operations);
     return 0;
 }

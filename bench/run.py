@@ -51,7 +51,7 @@ def workloads(full, thread_counts):
         w.append(("battle", scenario, "battle", [scenario, str(iters)],
                   ["median_ns", "p95_ns", "p99_ns", "faults_per_iter", "rss_mib", "bigcache_hit_pct"]))
     w.append(("rss-time", "prodcons 1K..1M", "rsstime", [str(300_000 * k)],
-              ["kops", "rss_warm_mib", "rss_end_mib", "rss_peak_mib", "rss_growth_mib"]))
+              ["kops", "rss_warm_mib", "rss_end_mib", "rss_peak_mib", "rss_growth_mib", "faults_per_block"]))
     counts = [1_000, 10_000, 100_000, 1_000_000]
     for kind in ["16", "uniform"]:
         # 10M blocks at full scale: 160 MB of 16 B blocks; 10M uniform ones
