@@ -8,6 +8,7 @@
 #include "hakmem.h"
 
 #include <errno.h>
+#include <limits.h>
 #include <malloc.h>
 #include <string.h>
 
@@ -129,6 +130,45 @@ HAK_EXPORT struct mallinfo2 mallinfo2(void)
     mi.usmblks = s.mapped_peak;
     return mi;
 }
+
+/* mallinfo2's figures for programs that still call the deprecated
+ * mallinfo, clamped to its int fields (glibc's wrap around past 2 GiB). */
+static int clamped_to_int(size_t n) { return n > INT_MAX ? INT_MAX : (int)n; }
+
+HAK_EXPORT struct mallinfo mallinfo(void)
+{
+    struct mallinfo2 wide = mallinfo2();
+    struct mallinfo mi;
+    memset(&mi, 0, sizeof mi);
+    mi.arena = clamped_to_int(wide.arena);
+    mi.uordblks = clamped_to_int(wide.uordblks);
+    mi.fordblks = clamped_to_int(wide.fordblks);
+    mi.usmblks = clamped_to_int(wide.usmblks);
+    return mi;
+}
+
+/* glibc prints its arenas' figures to stderr; this is hakmem's report. */
+HAK_EXPORT void malloc_stats(void) { hak_stats_print(stderr); }
+
+/* glibc's other names for the family, which some programs and preloaded
+ * tools call directly (__libc_malloc...), and cfree, which binaries built
+ * against glibc before 2.26 still call: without them, such a call hands
+ * glibc a block of hakmem's, or hakmem one of glibc's, and the program
+ * aborts. Aliases: the same code, so the call site is the caller's, and
+ * (GCC) the same attributes as libc's declarations give their targets. */
+#if defined(__clang__)
+#define HAK_ALIAS_OF(target) __attribute__((alias(#target)))
+#else
+#define HAK_ALIAS_OF(target) __attribute__((alias(#target), copy(target)))
+#endif
+HAK_EXPORT void *__libc_malloc(size_t size) HAK_ALIAS_OF(malloc);
+HAK_EXPORT void __libc_free(void *p) HAK_ALIAS_OF(free);
+HAK_EXPORT void cfree(void *p) HAK_ALIAS_OF(free);
+HAK_EXPORT void *__libc_calloc(size_t n, size_t size) HAK_ALIAS_OF(calloc);
+HAK_EXPORT void *__libc_realloc(void *p, size_t size) HAK_ALIAS_OF(realloc);
+HAK_EXPORT void *__libc_memalign(size_t align, size_t size) HAK_ALIAS_OF(memalign);
+HAK_EXPORT void *__libc_valloc(size_t size) HAK_ALIAS_OF(valloc);
+HAK_EXPORT void *__libc_pvalloc(size_t size) HAK_ALIAS_OF(pvalloc);
 #endif /* HAKMEM_OVERRIDE */
 /* ---- hakmem's own API -------------------------------------------------------- */
 

@@ -10,6 +10,75 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
+
+/* glibc's other names for the family: no header declares them. */
+void *__libc_malloc(size_t size);
+void __libc_free(void *p);
+void *__libc_calloc(size_t n, size_t size);
+void *__libc_realloc(void *p, size_t size);
+void *__libc_memalign(size_t align, size_t size);
+void *__libc_valloc(size_t size);
+void *__libc_pvalloc(size_t size);
+
+/* Called directly, glibc's names are the preload's too, and so is cfree
+ * (a compatibility symbol that only old binaries link to, hence dlsym):
+ * a block goes between them and the standard names either way. */
+static void check_glibc_names(bool (*owns)(const void *))
+{
+    void *blocks[] = {__libc_malloc(100), __libc_calloc(10, 100), __libc_realloc(NULL, 3000),
+                      __libc_memalign(256, 100), __libc_valloc(10), __libc_pvalloc(10)};
+    size_t count = sizeof blocks / sizeof blocks[0];
+    for (size_t i = 0; i < count; i++)
+        CHECK(blocks[i] && owns(blocks[i]));
+    CHECK(blocks[1] && ((char *)blocks[1])[999] == 0);
+    CHECK(((uintptr_t)blocks[3] & 255) == 0 && ((uintptr_t)blocks[4] & 4095) == 0);
+    CHECK(malloc_usable_size(blocks[5]) >= 4096);
+    blocks[2] = __libc_realloc(blocks[2], 100000);
+    CHECK(blocks[2] && owns(blocks[2]));
+    for (size_t i = 0; i < count; i++)
+        i % 2 ? free(blocks[i]) : __libc_free(blocks[i]);
+    void (*cfree_fn)(void *) = (void (*)(void *))dlsym(RTLD_DEFAULT, "cfree");
+    CHECK(cfree_fn && (void *)cfree_fn == dlsym(RTLD_DEFAULT, "free")); /* hakmem's free, aliased */
+    void *p = malloc(48);
+    CHECK(p);
+    if (cfree_fn && p)
+        cfree_fn(p); /* glibc's would abort on a block it never handed out */
+}
+
+/* mallinfo (deprecated, still called) and malloc_stats report hakmem's
+ * memory, not glibc's empty arenas. */
+static void check_glibc_reports(void)
+{
+    void *blocks[256];
+    for (int i = 0; i < 256; i++)
+        blocks[i] = malloc(4000);
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
+    struct mallinfo mi = mallinfo();
+#pragma GCC diagnostic pop
+    CHECK(mi.uordblks >= 256 * 4000 && mi.arena >= mi.uordblks);
+    for (int i = 0; i < 256; i++)
+        free(blocks[i]);
+
+    char text[256] = "";
+    FILE *captured = tmpfile();
+    int saved = dup(STDERR_FILENO);
+    CHECK(captured && saved >= 0);
+    if (!captured || saved < 0)
+        return;
+    fflush(stderr);
+    dup2(fileno(captured), STDERR_FILENO);
+    malloc_stats();
+    fflush(stderr);
+    dup2(saved, STDERR_FILENO);
+    close(saved);
+    rewind(captured);
+    size_t got = fread(text, 1, sizeof text - 1, captured);
+    text[got] = 0;
+    fclose(captured);
+    CHECK(strncmp(text, "hakmem ", 7) == 0);
+}
 
 int main(void)
 {
@@ -37,5 +106,7 @@ int main(void)
     CHECK(!owns(&local));
     for (size_t i = 0; i < count; i++)
         free(blocks[i]);
+    check_glibc_names(owns);
+    check_glibc_reports();
     return check_summary("test_preload");
 }
