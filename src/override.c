@@ -153,8 +153,9 @@ HAK_EXPORT void malloc_stats(void) { hak_stats_print(stderr); }
 /* glibc's other names for the family, which some programs and preloaded
  * tools call directly (__libc_malloc...), and cfree, which binaries built
  * against glibc before 2.26 still call: without them, such a call hands
- * glibc a block of hakmem's, or hakmem one of glibc's, and the program
- * aborts. Aliases: the same code, so the call site is the caller's, and
+ * glibc a block of hakmem's (its free may then corrupt its own lists) or
+ * hakmem one of glibc's (reported as foreign, and the program aborts by
+ * default). Aliases: the same code, so the call site is the caller's, and
  * (GCC) the same attributes as libc's declarations give their targets. */
 #if defined(__clang__)
 #define HAK_ALIAS_OF(target) __attribute__((alias(#target)))
