@@ -55,7 +55,7 @@ static option_t options[] = {
      "Free slab pages, the pages of large blocks held by BigCache and the free pages of the page arenas are returned to the OS (MADV_DONTNEED) once they have been free this long; 0 purges at once. Also how long an exited thread's heap waits for a new thread before a live one absorbs it or the purger drains what others freed into it.",
      &hak_config.purge_delay_ms, 0, 3600000, {0}},
     {"HAKMEM_PURGE_THREAD", OPT_BOOL, "1",
-     "Purge from a background thread (started the first time pages wait for a purge), so that memory goes back while the program sleeps; 0 purges inside allocator calls only.",
+     "Purge from a background thread (started when pages wait for a purge, gone once none do), so that memory goes back while the program sleeps; 0 purges inside allocator calls only.",
      &hak_config.purge_thread, 0, 1, {0}},
     {"HAKMEM_PURGE_ADVICE", OPT_CHOICE, "dontneed",
      "How pages are purged: dontneed (MADV_DONTNEED, RSS drops at once) or free (MADV_FREE, the kernel takes them only under memory pressure: cheaper to reuse, but RSS stays high).",

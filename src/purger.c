@@ -1,23 +1,40 @@
 /* The purger: gives free pages back to the OS once they have been free for
  * HAKMEM_PURGE_DELAY_MS, without waiting for the program to call into
  * hakmem. By default a background thread does it, so that a program that
- * frees memory and then sleeps still shrinks; it starts the first time
- * pages wait for a purge, sleeps on a condition variable while nothing
- * waits, and never allocates. With HAKMEM_PURGE_THREAD=0 the purges run
- * inside the allocator's own calls instead (refills, large blocks, frees
- * that leave pages to purge), a few times per delay. */
+ * frees memory and then sleeps still shrinks. With HAKMEM_PURGE_THREAD=0
+ * the purges run inside the allocator's own calls instead (refills, large
+ * blocks, frees that leave pages to purge), a few times per delay.
+ *
+ * The thread is hakmem's, not the program's, and a program that started
+ * none of its own may rightly believe it has one: the kernel refuses
+ * unshare(CLONE_NEWUSER) and setns with EINVAL in a process of two
+ * threads (util-linux's `unshare -U` failed under the preload, as would a
+ * sandbox helper). So the thread lives only while pages wait: it starts
+ * the first time they do, sleeps until the next purge falls due and exits
+ * once nothing waits (a notify starts it again), and hakmem's unshare and
+ * setns stop it, and wait until the kernel has let it go, before they
+ * call the kernel. It never allocates and blocks every signal. */
 #define _GNU_SOURCE
 #include "internal.h"
 
+#include <errno.h>
 #include <pthread.h>
+#include <sched.h>
 #include <signal.h>
+#include <sys/syscall.h>
 #include <time.h>
+#include <unistd.h>
 
 static pthread_mutex_t purger_lock = PTHREAD_MUTEX_INITIALIZER;
-static pthread_cond_t purger_wake = PTHREAD_COND_INITIALIZER;
-static _Atomic bool purger_pending;  /* pages wait for a purge (set under purger_lock) */
-static _Atomic bool purger_started;
+static pthread_cond_t purger_wake = PTHREAD_COND_INITIALIZER; /* a stop asked */
+static pthread_cond_t purger_gone = PTHREAD_COND_INITIALIZER; /* the thread left */
+/* Under purger_lock, read without it on notify's fast path: */
+static _Atomic bool purger_pending; /* pages wait that the thread has not seen */
+static _Atomic bool purger_running; /* a thread runs, or is being started */
+static bool purger_stop;            /* the thread is to exit now (purger_retire) */
+static pid_t purger_last_tid;       /* the kernel's id of the thread that last exited */
 static _Atomic uint64_t next_inline_check_ms;
+static HAK_TLS bool purger_self;      /* this thread is the purger */
 _Atomic bool hak_purger_start_wanted; /* deferred until the heap's lists are consistent */
 
 /* One pass over orphaned heaps, threads' mid caches, SuperSlabs, page
@@ -30,32 +47,48 @@ static uint64_t purge_pass(void)
     return due_earlier(heaps_due, due_earlier(pages_due, bigcache_collect(false)));
 }
 
-static void sleep_ms(uint64_t ms)
+/* Sleep until `due` (os_now_ms's coarse clock, which runs up to a tick
+ * behind: a little past it), unless a stop is asked. Called and returns
+ * with purger_lock held. */
+static void wait_until(uint64_t due)
 {
-    struct timespec ts = {.tv_sec = (time_t)(ms / 1000), .tv_nsec = (long)(ms % 1000) * 1000000L};
-    while (nanosleep(&ts, &ts) != 0)
+    uint64_t now = os_now_ms(), ms = (due > now ? due - now : 0) + 5;
+    struct timespec at;
+    clock_gettime(CLOCK_MONOTONIC, &at);
+    at.tv_sec += (time_t)(ms / 1000);
+    at.tv_nsec += (long)(ms % 1000) * 1000000L;
+    if (at.tv_nsec >= 1000000000L) {
+        at.tv_sec++;
+        at.tv_nsec -= 1000000000L;
+    }
+    while (!purger_stop && pthread_cond_clockwait(&purger_wake, &purger_lock, CLOCK_MONOTONIC, &at) != ETIMEDOUT)
         ;
 }
 
 static void *purger_main(void *arg)
 {
     (void)arg;
+    purger_self = true;
     /* Named from inside: naming another thread formats a /proc path, and
      * that first use of stdio's code cost three page faults. */
     pthread_setname_np(pthread_self(), "hakmem-purge");
     pthread_mutex_lock(&purger_lock);
-    for (;;) {
-        while (!atomic_load_explicit(&purger_pending, memory_order_relaxed))
-            pthread_cond_wait(&purger_wake, &purger_lock);
+    while (!purger_stop && atomic_load_explicit(&purger_pending, memory_order_relaxed)) {
         atomic_store_explicit(&purger_pending, false, memory_order_relaxed);
-        pthread_mutex_unlock(&purger_lock);
-        for (uint64_t due; (due = purge_pass()) != 0;) {
-            uint64_t now = os_now_ms();
-            /* the coarse clock runs up to a tick behind: sleep a little past */
-            sleep_ms((due > now ? due - now : 0) + 5);
+        for (uint64_t due; !purger_stop;) {
+            pthread_mutex_unlock(&purger_lock);
+            due = purge_pass();
+            pthread_mutex_lock(&purger_lock);
+            if (!due)
+                break;
+            wait_until(due);
         }
-        pthread_mutex_lock(&purger_lock);
     }
+    /* Nothing waits, or a stop: gone until the next notify. */
+    atomic_store_explicit(&purger_running, false, memory_order_relaxed);
+    purger_last_tid = (pid_t)syscall(SYS_gettid);
+    pthread_cond_broadcast(&purger_gone);
+    pthread_mutex_unlock(&purger_lock);
     return NULL;
 }
 
@@ -63,9 +96,6 @@ static void *purger_main(void *arg)
  * own threads. A failure (thread limit) falls back to inline purges. */
 static void purger_start(void)
 {
-    bool expected = false;
-    if (!atomic_compare_exchange_strong(&purger_started, &expected, true))
-        return;
     sigset_t all, old;
     sigfillset(&all);
     pthread_sigmask(SIG_SETMASK, &all, &old);
@@ -80,6 +110,10 @@ static void purger_start(void)
     if (rc != 0) {
         hak_warn("could not start the purger thread; purging inline", NULL);
         hak_config.purge_thread = false;
+        pthread_mutex_lock(&purger_lock);
+        atomic_store_explicit(&purger_running, false, memory_order_relaxed);
+        pthread_cond_broadcast(&purger_gone);
+        pthread_mutex_unlock(&purger_lock);
         return;
     }
     if (hak_config.verbose)
@@ -96,26 +130,29 @@ static void purge_inline(void)
 
 /* Pages now wait for a purge. Called with no hakmem lock held; a heap may
  * be in the middle of a list update, and since starting a thread
- * allocates, the start then waits for purger_heap_settled. */
+ * allocates, the start then waits for purger_heap_settled (as it does on
+ * the purger itself, whose exit frees its thread's records). */
 void purger_notify(void)
 {
     if (!hak_config.purge_thread) {
         purge_inline();
         return;
     }
-    if (unlikely(!atomic_load_explicit(&purger_started, memory_order_relaxed))) {
-        if (atomic_load_explicit(&heap_get()->in_slow, memory_order_relaxed)) {
-            atomic_store_explicit(&hak_purger_start_wanted, true, memory_order_relaxed);
-            return;
-        }
-        purger_start();
-    }
-    if (atomic_load_explicit(&purger_pending, memory_order_relaxed))
+    /* The running thread sees these pages at its next pass. */
+    if (atomic_load_explicit(&purger_pending, memory_order_relaxed) &&
+        atomic_load_explicit(&purger_running, memory_order_relaxed))
         return;
+    bool may_start = !purger_self && !atomic_load_explicit(&heap_get()->in_slow, memory_order_relaxed);
     pthread_mutex_lock(&purger_lock);
     atomic_store_explicit(&purger_pending, true, memory_order_relaxed);
-    pthread_cond_signal(&purger_wake);
+    bool start = !atomic_load_explicit(&purger_running, memory_order_relaxed);
+    if (start && may_start)
+        atomic_store_explicit(&purger_running, true, memory_order_relaxed);
     pthread_mutex_unlock(&purger_lock);
+    if (start && may_start)
+        purger_start();
+    else if (start)
+        atomic_store_explicit(&hak_purger_start_wanted, true, memory_order_relaxed);
 }
 
 /* An allocation on a slow path (a refill, a large block): without the
@@ -143,7 +180,49 @@ void purger_fork_child(void)
 {
     pthread_mutex_init(&purger_lock, NULL);
     pthread_cond_init(&purger_wake, NULL);
-    atomic_store(&purger_started, false);
+    pthread_cond_init(&purger_gone, NULL);
+    atomic_store(&purger_running, false);
+    purger_stop = false;
     atomic_store(&hak_purger_start_wanted, atomic_load(&purger_pending));
     atomic_store(&purger_pending, false);
+}
+
+/* Stop the thread and wait until the kernel has let it go: the dying
+ * thread stays in the process's thread group for a moment after its last
+ * instruction, and until then the kernel still counts two threads (the
+ * thread's id answers a signal 0 until it is gone). The pages still
+ * waiting start a new thread at the program's next slow path. */
+static void purger_retire(void)
+{
+    pthread_mutex_lock(&purger_lock);
+    if (!atomic_load_explicit(&purger_running, memory_order_relaxed) || purger_self) {
+        pthread_mutex_unlock(&purger_lock);
+        return;
+    }
+    purger_stop = true;
+    pthread_cond_signal(&purger_wake);
+    while (atomic_load_explicit(&purger_running, memory_order_relaxed))
+        pthread_cond_wait(&purger_gone, &purger_lock);
+    purger_stop = false;
+    pid_t tid = purger_last_tid;
+    bool waiting = atomic_exchange(&purger_pending, false);
+    pthread_mutex_unlock(&purger_lock);
+    if (waiting)
+        atomic_store(&hak_purger_start_wanted, true);
+    for (int i = 0; i < 100000 && syscall(SYS_tgkill, getpid(), tid, 0) == 0; i++)
+        sched_yield();
+}
+
+/* ---- the calls that need the process to be single-threaded --------------------- */
+
+HAK_EXPORT int unshare(int flags)
+{
+    purger_retire();
+    return (int)syscall(SYS_unshare, flags);
+}
+
+HAK_EXPORT int setns(int fd, int nstype)
+{
+    purger_retire();
+    return (int)syscall(SYS_setns, fd, nstype);
 }

@@ -16,19 +16,26 @@
  *            default) or not (prewarm_small: HAKMEM_HUGEPAGES=never);
  *   hugepages (HAKMEM_HUGEPAGES=always) a large block, new or reused
  *            after a purge, takes a fault per 2 MiB, not per page: the
- *            purge does not split its huge pages.
+ *            purge does not split its huge pages;
+ *   unshare  (HAKMEM_PURGE_DELAY_MS=200) in a child, with the purger
+ *            thread started by its frees, setns and unshare(CLONE_NEWUSER)
+ *            succeed, which the kernel refuses in a process of two threads
+ *            (checked where the system lets a program of one do them).
  * In the last three, a block grown by realloc gets the same for its new
  * pages; in the prewarm modes a block of the page arenas, new or purged,
  * is touched without page faults too (in hugepages mode, where pre-warming
  * is off, with one a page).
  * Huge pages are checked where the system lets a program ask for them. */
 #define _GNU_SOURCE
-#include <dirent.h>
+#include <fcntl.h>
 #include <malloc.h>
+#include <sched.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "check.h"
@@ -60,14 +67,19 @@ static size_t rollup_field(const char *name)
     return kib * 1024;
 }
 
+/* The kernel's count, read without allocating: opendir's buffer is a
+ * block whose free wakes the purger. */
 static int thread_count(void)
 {
-    DIR *d = opendir("/proc/self/task");
-    int n = 0;
-    for (struct dirent *e; d && (e = readdir(d));)
-        n += e->d_name[0] != '.';
-    if (d)
-        closedir(d);
+    char text[4096];
+    int fd = open("/proc/self/status", O_RDONLY), n = -1;
+    ssize_t len = fd >= 0 ? read(fd, text, sizeof text - 1) : -1;
+    if (fd >= 0)
+        close(fd);
+    text[len > 0 ? len : 0] = 0;
+    const char *line = strstr(text, "\nThreads:");
+    if (line)
+        sscanf(line, "\nThreads: %d", &n);
     return n;
 }
 
@@ -161,6 +173,10 @@ static void mode_sleep(size_t start, bool thread)
            start / 1048576.0, right_after / 1048576.0, slept / 1048576.0);
     if (thread) {
         CHECK(slept <= start + 5 * MiB / 2);
+        /* With nothing left to purge, the thread is gone. */
+        for (int waited = 0; thread_count() > 1 && waited < 3000; waited += 50)
+            usleep(50 * 1000);
+        CHECK(thread_count() == 1);
         return;
     }
     CHECK(slept > start + 8 * MiB); /* nothing purges a sleeping program without the thread */
@@ -349,6 +365,57 @@ static void mode_hugepages(void)
     CHECK(advised && grown_huge >= 2 * MiB);
 }
 
+/* Whether a process of one thread, with no purger, may make this call. */
+static bool allowed_single(int (*call)(int), int arg)
+{
+    pid_t pid = fork();
+    if (pid == 0)
+        _exit(call(arg) == 0 ? 0 : 1);
+    int status;
+    return pid > 0 && waitpid(pid, &status, 0) == pid && WIFEXITED(status) && WEXITSTATUS(status) == 0;
+}
+
+static int setns_own_mount(int fd) { return setns(fd, CLONE_NEWNS); }
+
+static int unshare_user(int flags) { return (int)syscall(SYS_unshare, flags); }
+
+/* Frees that leave pages to purge: the purger thread starts. */
+static void start_purger(uint64_t seed)
+{
+    allocate_mix(64 * MiB, seed);
+    free_mix_shuffled(seed + 1);
+    CHECK(thread_count() == 2);
+}
+
+static void mode_unshare(void)
+{
+    int mount_ns = open("/proc/self/ns/mnt", O_RDONLY);
+    bool can_setns = mount_ns >= 0 && allowed_single(setns_own_mount, mount_ns);
+    bool can_unshare = allowed_single(unshare_user, CLONE_NEWUSER);
+    printf("unshare: a process of one thread may%s rejoin its mount namespace and may%s unshare its user namespace\n",
+           can_setns ? "" : " not", can_unshare ? "" : " not");
+    pid_t pid = fork();
+    if (pid == 0) {
+        start_purger(7);
+        if (can_setns) {
+            CHECK(setns(mount_ns, CLONE_NEWNS) == 0);
+            CHECK(thread_count() == 1);
+            start_purger(9);
+        }
+        if (can_unshare) {
+            CHECK(unshare(CLONE_NEWUSER) == 0);
+            CHECK(thread_count() == 1);
+        }
+        /* hakmem goes on serving, and the purger starts again. */
+        start_purger(11);
+        _exit(checks_failed != 0);
+    }
+    int status;
+    CHECK(pid > 0 && waitpid(pid, &status, 0) == pid && WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    if (mount_ns >= 0)
+        close(mount_ns);
+}
+
 int main(int argc, char **argv)
 {
     const char *mode = argc > 1 ? argv[1] : "trim";
@@ -370,6 +437,8 @@ int main(int argc, char **argv)
         mode_prewarm(false);
     else if (!strcmp(mode, "hugepages"))
         mode_hugepages();
+    else if (!strcmp(mode, "unshare"))
+        mode_unshare();
     else
         CHECK(!"unknown mode");
     free(blocks);
