@@ -47,12 +47,10 @@ static uint64_t purge_pass(void)
     return due_earlier(heaps_due, due_earlier(pages_due, bigcache_collect(false)));
 }
 
-/* Sleep until `due` (os_now_ms's coarse clock, which runs up to a tick
- * behind: a little past it), unless a stop is asked. Called and returns
- * with purger_lock held. */
-static void wait_until(uint64_t due)
+/* Sleep ms, unless a stop is asked. Called and returns with purger_lock
+ * held. */
+static void wait_for(uint64_t ms)
 {
-    uint64_t now = os_now_ms(), ms = (due > now ? due - now : 0) + 5;
     struct timespec at;
     clock_gettime(CLOCK_MONOTONIC, &at);
     at.tv_sec += (time_t)(ms / 1000);
@@ -65,6 +63,14 @@ static void wait_until(uint64_t due)
         ;
 }
 
+/* Sleep until `due`, on os_now_ms's coarse clock, which runs up to a tick
+ * behind: a little past it. */
+static void wait_until(uint64_t due)
+{
+    uint64_t now = os_now_ms();
+    wait_for((due > now ? due - now : 0) + 5);
+}
+
 static void *purger_main(void *arg)
 {
     (void)arg;
@@ -75,6 +81,11 @@ static void *purger_main(void *arg)
     pthread_mutex_lock(&purger_lock);
     while (!purger_stop && atomic_load_explicit(&purger_pending, memory_order_relaxed)) {
         atomic_store_explicit(&purger_pending, false, memory_order_relaxed);
+        /* The pages that woke us have just begun to wait: nothing falls
+         * due for a delay, and a pass now would only take the locks the
+         * program needs (in a short program, at its busiest). */
+        if (hak_config.purge_delay_ms)
+            wait_for((uint64_t)hak_config.purge_delay_ms);
         for (uint64_t due; !purger_stop;) {
             pthread_mutex_unlock(&purger_lock);
             due = purge_pass();
