@@ -52,6 +52,10 @@ def workloads(full, thread_counts):
                   ["median_ns", "p95_ns", "p99_ns", "faults_per_iter", "rss_mib", "bigcache_hit_pct"]))
     w.append(("rss-time", "prodcons 1K..1M", "rsstime", [str(300_000 * k)],
               ["kops", "rss_warm_mib", "rss_end_mib", "rss_peak_mib", "rss_growth_mib", "faults_per_block"]))
+    # a short program and an interpreter's start, a process each run
+    w.append(("startup", "ls /", "startup", [str(100 * k), "/bin/ls", "/"], ["median_ns", "faults_per_run"]))
+    w.append(("startup", "python3 -c pass", "startup", [str(20 * k), "/usr/bin/python3", "-c", "pass"],
+              ["median_ns", "faults_per_run"]))
     counts = [1_000, 10_000, 100_000, 1_000_000]
     for kind in ["16", "uniform"]:
         # 10M blocks at full scale: 160 MB of 16 B blocks; 10M uniform ones
