@@ -12,6 +12,7 @@ void hak_init_slow(void)
 {
     int expected = 0;
     if (atomic_compare_exchange_strong(&hak_init_state, &expected, 1)) {
+        segmap_init();
         sizeclass_init();
         options_init();
         kpi_init();

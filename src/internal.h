@@ -319,9 +319,9 @@ static inline void block_handed_out(void *b) { ((uintptr_t *)b)[1] = 0; }
 
 /* ---- Segment map ------------------------------------------------------- */
 
-/* In .bss: its pages cost nothing until a SuperSlab or large mapping in
- * their 8 GiB of address space is marked, and the fast path indexes it
- * without loading a base pointer, before init as after. */
+/* In .bss (segmap.c): its pages cost nothing until a SuperSlab or large
+ * mapping in their 8 GiB of address space is marked, and the fast path
+ * indexes it without loading a base pointer, before init as after. */
 extern _Atomic(uint8_t) hak_segmap[SEGMAP_ENTRIES];
 
 static inline unsigned segmap_kind(const void *p)
@@ -332,6 +332,7 @@ static inline unsigned segmap_kind(const void *p)
     return atomic_load_explicit(&hak_segmap[chunk], memory_order_relaxed);
 }
 
+void segmap_init(void);
 void segmap_set(void *chunk, size_t size, unsigned head_kind);
 void segmap_set_all(void *chunk, size_t size, unsigned kind);
 void segmap_clear(void *chunk, size_t size);

@@ -151,7 +151,10 @@ void os_unmap(void *p, size_t size)
 
 /* Give the pages back to the kernel. With MADV_DONTNEED the range reads as
  * zeros afterwards; with MADV_FREE the old contents may stay until the
- * kernel needs the pages (neither matters: purged pages are free). */
+ * kernel needs the pages (neither matters: purged pages are free). Pages
+ * of a program that locked its memory (mlockall) refuse both (EINVAL);
+ * MADV_DONTNEED_LOCKED (Linux 5.18) drops them, and they come back locked
+ * when touched again. */
 void os_purge(void *p, size_t size)
 {
     int saved = errno;
@@ -161,7 +164,12 @@ void os_purge(void *p, size_t size)
         return;
     }
 #endif
+#ifdef MADV_DONTNEED_LOCKED
+    if (madvise(p, size, MADV_DONTNEED) != 0 && errno == EINVAL)
+        madvise(p, size, MADV_DONTNEED_LOCKED);
+#else
     madvise(p, size, MADV_DONTNEED);
+#endif
     errno = saved;
 }
 

@@ -1,6 +1,6 @@
-/* SuperSlabs: 2 MiB-aligned regions carved into slabs of 64 KiB pages, the
- * segment map that tells hakmem's pointers from foreign ones, and the
- * policy that gives free pages and empty SuperSlabs back to the OS.
+/* SuperSlabs: 2 MiB-aligned regions carved into slabs of 64 KiB pages,
+ * and the policy that gives free pages and empty SuperSlabs back to the
+ * OS.
  *
  * Each SuperSlab belongs to one heap, which alone carves slabs out of it
  * and gives them back: taking a slab needs no shared lock, and the slab
@@ -13,8 +13,6 @@
 
 #include <pthread.h>
 #include <sched.h>
-
-_Atomic(uint8_t) hak_segmap[SEGMAP_ENTRIES];
 
 slab_t hak_no_slab; /* owner 0 matches no heap; in_use 0 */
 
@@ -30,30 +28,6 @@ static size_t ss_count, ss_pool_count;
 static uint32_t run_mask(unsigned first, unsigned span)
 {
     return (uint32_t)((((uint64_t)1 << span) - 1) << first);
-}
-
-void segmap_set(void *chunk, size_t size, unsigned head_kind)
-{
-    size_t first = (uintptr_t)chunk >> SS_SHIFT;
-    size_t chunks = (size + SS_SIZE - 1) >> SS_SHIFT;
-    for (size_t i = 1; i < chunks; i++)
-        atomic_store_explicit(&hak_segmap[first + i], SEG_LARGE_INTERIOR, memory_order_relaxed);
-    atomic_store_explicit(&hak_segmap[first], (uint8_t)head_kind, memory_order_release);
-}
-
-void segmap_set_all(void *chunk, size_t size, unsigned kind)
-{
-    size_t first = (uintptr_t)chunk >> SS_SHIFT;
-    for (size_t i = 0; i < size >> SS_SHIFT; i++)
-        atomic_store_explicit(&hak_segmap[first + i], (uint8_t)kind, memory_order_release);
-}
-
-void segmap_clear(void *chunk, size_t size)
-{
-    size_t first = (uintptr_t)chunk >> SS_SHIFT;
-    size_t chunks = (size + SS_SIZE - 1) >> SS_SHIFT;
-    for (size_t i = 0; i < chunks; i++)
-        atomic_store_explicit(&hak_segmap[first + i], SEG_NONE, memory_order_relaxed);
 }
 
 /* ---- the page lock: owner against purger ---------------------------------- */

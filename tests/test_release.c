@@ -17,6 +17,11 @@
  *   hugepages (HAKMEM_HUGEPAGES=always) a large block, new or reused
  *            after a purge, takes a fault per 2 MiB, not per page: the
  *            purge does not split its huge pages;
+ *   mlockall a program that locks its memory (mlockall(MCL_CURRENT |
+ *            MCL_FUTURE)) pays for the pages hakmem uses, not for its
+ *            address space (the segment map alone locked 128 MiB), and
+ *            malloc_trim(0) still gives back what it freed (checked where
+ *            the kernel lets the test lock its memory);
  *   unshare  (HAKMEM_PURGE_DELAY_MS=200) in a child, with the purger
  *            thread started by its frees, setns and unshare(CLONE_NEWUSER)
  *            succeed, which the kernel refuses in a process of two threads
@@ -33,6 +38,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/resource.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
@@ -365,6 +371,28 @@ static void mode_hugepages(void)
     CHECK(advised && grown_huge >= 2 * MiB);
 }
 
+static void mode_mlockall(void)
+{
+    struct rlimit unlimited = {RLIM_INFINITY, RLIM_INFINITY};
+    setrlimit(RLIMIT_MEMLOCK, &unlimited); /* where the test may raise it */
+    size_t before = rss_bytes();
+    if (mlockall(MCL_CURRENT | MCL_FUTURE) != 0) {
+        printf("mlockall: the kernel does not let this process lock its memory, not checked\n");
+        return;
+    }
+    size_t locked = rss_bytes();
+    allocate_mix(64 * MiB, 13);
+    free_mix_shuffled(14);
+    size_t freed = rss_bytes();
+    malloc_trim(0);
+    size_t trimmed = rss_bytes();
+    munlockall();
+    printf("mlockall: RSS %.1f MiB before, %.1f once locked, %.1f with 64 MiB allocated and freed, %.1f after malloc_trim\n",
+           before / 1048576.0, locked / 1048576.0, freed / 1048576.0, trimmed / 1048576.0);
+    CHECK(locked <= before + 16 * MiB);
+    CHECK(trimmed <= locked + 2 * MiB); /* locked pages are purged too */
+}
+
 /* Whether a process of one thread, with no purger, may make this call. */
 static bool allowed_single(int (*call)(int), int arg)
 {
@@ -437,6 +465,8 @@ int main(int argc, char **argv)
         mode_prewarm(false);
     else if (!strcmp(mode, "hugepages"))
         mode_hugepages();
+    else if (!strcmp(mode, "mlockall"))
+        mode_mlockall();
     else if (!strcmp(mode, "unshare"))
         mode_unshare();
     else
