@@ -46,10 +46,15 @@ void hak_assert_fail(const char *cond, const char *file, int line) __attribute__
 #define SS_MAX_SPAN (SS_PAGES - SS_FIRST_DATA_PAGE) /* 31 pages */
 #define SS_MAGIC 0x48414b53u                        /* "HAKS" */
 
-/* The address space hakmem can map: 48 bits covers x86-64 (47-bit user
- * space) and aarch64 with 4-level tables. The segment map has one byte per
- * 2 MiB chunk of it. */
+/* The address space hakmem can map: x86-64's user space has 47 bits (the
+ * kernel maps above only where a program asks, even with 5-level tables),
+ * aarch64's 48 with 4-level tables. The segment map has one byte per
+ * 2 MiB chunk of it: 64 MiB of address space on x86-64. */
+#ifdef __x86_64__
+#define ADDRESS_BITS 47
+#else
 #define ADDRESS_BITS 48
+#endif
 #define SEGMAP_ENTRIES ((size_t)1 << (ADDRESS_BITS - SS_SHIFT))
 
 enum seg_kind {

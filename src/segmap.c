@@ -1,16 +1,18 @@
 /* The segment map: one byte per 2 MiB chunk of the address space, telling
  * hakmem's chunks, and their kind, from foreign ones. It is a flat array
  * in .bss, so that the free fast path indexes it without loading a base
- * pointer, before init as after, and its 128 MiB cost nothing while
- * untouched. But a program that locks its memory (mlockall(MCL_CURRENT),
- * as chronyd, cryptsetup and real-time audio servers do) has the kernel
- * fault in every writable page it maps: the map alone made 128 MiB of
- * locked RSS (glibc's whole process: 2.4). So from init on the map is
- * read-only (locking
- * maps the kernel's shared zero page there, which costs no memory), and a
- * granule of it is made writable before its first entry is written: a
- * granule covers 128 GiB of address space, so a program writes one or a
- * few. */
+ * pointer, before init as after, and its 64 MiB (x86-64) cost no memory
+ * while untouched. As writable .bss they cost in two other ways: the
+ * kernel charges them to the system's commit (143 MiB a process under
+ * hakmem with the 128 MiB map of 48 bits, 8 under glibc: a system with
+ * strict overcommit runs out soon), and a program that locks its memory
+ * (mlockall(MCL_CURRENT), as chronyd, cryptsetup and real-time audio
+ * servers do) has the kernel fault in every writable page: 134 MiB of
+ * locked RSS, glibc's whole process 2.4. So at init the map is mapped
+ * anew in place, read-only and uncharged (locking maps the kernel's shared
+ * zero page there, which costs no memory), and a granule of it is made
+ * writable before its first entry is written: a granule covers 128 GiB of
+ * address space, so a program writes one or a few. */
 #define _GNU_SOURCE
 #include "internal.h"
 
@@ -28,11 +30,19 @@ static pthread_mutex_t writable_lock = PTHREAD_MUTEX_INITIALIZER;
 
 _Static_assert(GRANULES % 64 == 0, "the bitmap has whole words");
 
-/* At init, before anything is mapped. Where the kernel refuses (a
- * seccomp filter), the map stays writable, as it was. */
+/* At init, before anything is mapped, so the map is all zeros. Where the
+ * kernel refuses (a seccomp filter), the map stays as it was; a failure
+ * that left the range unmapped, which nothing at init causes, is mended
+ * by mapping it writable again. */
 void segmap_init(void)
 {
-    read_only = mprotect(hak_segmap, sizeof hak_segmap, PROT_READ) == 0;
+    void *p = mmap(hak_segmap, sizeof hak_segmap, PROT_READ, MAP_FIXED | MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
+                   -1, 0);
+    read_only = p == (void *)hak_segmap;
+    if (!read_only && mprotect(hak_segmap, sizeof hak_segmap, PROT_READ | PROT_WRITE) != 0 &&
+        mmap(hak_segmap, sizeof hak_segmap, PROT_READ | PROT_WRITE, MAP_FIXED | MAP_PRIVATE | MAP_ANONYMOUS, -1,
+             0) != (void *)hak_segmap)
+        hak_fatal("lost its segment map");
 }
 
 /* Make the granules of entries [first, first + count) writable. Where the
@@ -41,6 +51,8 @@ void segmap_init(void)
  * which splits nothing. */
 static void make_writable(size_t first, size_t count)
 {
+    if (first + count > SEGMAP_ENTRIES)
+        hak_fatal("the kernel mapped memory above the address space its segment map covers");
     if (!read_only)
         return;
     for (size_t g = first / GRANULE; g <= (first + count - 1) / GRANULE; g++) {

@@ -17,11 +17,13 @@
  *   hugepages (HAKMEM_HUGEPAGES=always) a large block, new or reused
  *            after a purge, takes a fault per 2 MiB, not per page: the
  *            purge does not split its huge pages;
- *   mlockall a program that locks its memory (mlockall(MCL_CURRENT |
- *            MCL_FUTURE)) pays for the pages hakmem uses, not for its
- *            address space (the segment map alone locked 128 MiB), and
- *            malloc_trim(0) still gives back what it freed (checked where
- *            the kernel lets the test lock its memory);
+ *   mlockall a program pays for the pages hakmem uses, not for its
+ *            address space: its writable anonymous mappings (what the
+ *            kernel charges to the system's commit) stay small, and once
+ *            it locks its memory (mlockall(MCL_CURRENT | MCL_FUTURE)) so
+ *            does its RSS (the writable segment map was 128 MiB of both),
+ *            and malloc_trim(0) still gives back what it freed (checked
+ *            where the kernel lets the test lock its memory);
  *   unshare  (HAKMEM_PURGE_DELAY_MS=200) in a child, with the purger
  *            thread started by its frees, setns and unshare(CLONE_NEWUSER)
  *            succeed, which the kernel refuses in a process of two threads
@@ -371,8 +373,30 @@ static void mode_hugepages(void)
     CHECK(advised && grown_huge >= 2 * MiB);
 }
 
+/* The size of the writable private anonymous mappings, which the kernel
+ * charges to the system's commit (the unreserved ones at least). */
+static size_t writable_anonymous_bytes(void)
+{
+    FILE *f = fopen("/proc/self/maps", "r");
+    char line[512];
+    size_t total = 0;
+    while (f && fgets(line, sizeof line, f)) {
+        unsigned long start, end, inode;
+        char perms[8], name[256] = "";
+        if (sscanf(line, "%lx-%lx %7s %*s %*s %lu %255s", &start, &end, perms, &inode, name) >= 4 &&
+            !strcmp(perms, "rw-p") && inode == 0 && name[0] != '[')
+            total += end - start;
+    }
+    if (f)
+        fclose(f);
+    return total;
+}
+
 static void mode_mlockall(void)
 {
+    size_t writable = writable_anonymous_bytes();
+    printf("mlockall: writable anonymous mappings %.1f MiB\n", writable / 1048576.0);
+    CHECK(writable <= 32 * MiB);
     struct rlimit unlimited = {RLIM_INFINITY, RLIM_INFINITY};
     setrlimit(RLIMIT_MEMLOCK, &unlimited); /* where the test may raise it */
     size_t before = rss_bytes();
