@@ -104,7 +104,10 @@ static void *purger_main(void *arg)
 }
 
 /* Start the thread with every signal blocked: signals go to the program's
- * own threads. A failure (thread limit) falls back to inline purges. */
+ * own threads. A failure falls back to inline purges for good, said only
+ * with HAKMEM_VERBOSE: a program that may start no thread (RLIMIT_NPROC
+ * 0, as privilege-separated servers set) has done nothing wrong, and its
+ * stderr is its own. */
 static void purger_start(void)
 {
     sigset_t all, old;
@@ -119,7 +122,8 @@ static void purger_start(void)
     pthread_attr_destroy(&attr);
     pthread_sigmask(SIG_SETMASK, &old, NULL);
     if (rc != 0) {
-        hak_warn("could not start the purger thread; purging inline", NULL);
+        if (hak_config.verbose)
+            hak_warn("could not start the purger thread; purging inline", NULL);
         hak_config.purge_thread = false;
         pthread_mutex_lock(&purger_lock);
         atomic_store_explicit(&purger_running, false, memory_order_relaxed);

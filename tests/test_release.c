@@ -24,6 +24,10 @@
  *            does its RSS (the writable segment map was 128 MiB of both),
  *            and malloc_trim(0) still gives back what it freed (checked
  *            where the kernel lets the test lock its memory);
+ *   nproc    (HAKMEM_PURGE_DELAY_MS=200) in a child that may start no
+ *            thread (another user's, RLIMIT_NPROC 0): the purges run
+ *            inline, as in inline mode, and hakmem says nothing on its
+ *            stderr (checked where the test runs as root);
  *   unshare  (HAKMEM_PURGE_DELAY_MS=200) in a child, with the purger
  *            thread started by its frees, setns and unshare(CLONE_NEWUSER)
  *            succeed, which the kernel refuses in a process of two threads
@@ -41,6 +45,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
@@ -417,6 +422,39 @@ static void mode_mlockall(void)
     CHECK(trimmed <= locked + 2 * MiB); /* locked pages are purged too */
 }
 
+static void mode_nproc(void)
+{
+    if (geteuid() != 0) {
+        printf("nproc: not root, not checked\n");
+        return;
+    }
+    int err[2];
+    CHECK(pipe(err) == 0);
+    pid_t pid = fork();
+    if (pid == 0) {
+        dup2(err[1], 2);
+        struct rlimit none = {0, 0};
+        if (setgid(65534) != 0 || setuid(65534) != 0 || setrlimit(RLIMIT_NPROC, &none) != 0)
+            _exit(3);
+        prctl(PR_SET_DUMPABLE, 1); /* /proc/self stays ours to read */
+        mode_sleep(rss_bytes(), false);
+        fflush(stdout);
+        _exit(checks_failed != 0);
+    }
+    close(err[1]);
+    char said[2048];
+    ssize_t len = 0;
+    for (ssize_t n; len < (ssize_t)sizeof said - 1 && (n = read(err[0], said + len, sizeof said - 1 - (size_t)len)) > 0;)
+        len += n;
+    said[len] = 0;
+    close(err[0]);
+    int status;
+    CHECK(pid > 0 && waitpid(pid, &status, 0) == pid && WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    CHECK(len == 0); /* no word from hakmem (nor a failed check) */
+    if (len)
+        fprintf(stderr, "nproc: the child said:\n%s", said);
+}
+
 /* Whether a process of one thread, with no purger, may make this call. */
 static bool allowed_single(int (*call)(int), int arg)
 {
@@ -491,6 +529,8 @@ int main(int argc, char **argv)
         mode_hugepages();
     else if (!strcmp(mode, "mlockall"))
         mode_mlockall();
+    else if (!strcmp(mode, "nproc"))
+        mode_nproc();
     else if (!strcmp(mode, "unshare"))
         mode_unshare();
     else
