@@ -28,6 +28,11 @@
  *            thread (another user's, RLIMIT_NPROC 0): the purges run
  *            inline, as in inline mode, and hakmem says nothing on its
  *            stderr (checked where the test runs as root);
+ *   clone    (HAKMEM_PURGE_DELAY_MS=1: the purger busy) 100 times,
+ *            blocks freed and a child cloned without CLONE_VM, which
+ *            allocates: none hangs on a lock the purger held when its
+ *            memory was copied (one in four did), and the purger is gone
+ *            when clone returns;
  *   unshare  (HAKMEM_PURGE_DELAY_MS=200) in a child, with the purger
  *            thread started by its frees, setns and unshare(CLONE_NEWUSER)
  *            succeed, which the kernel refuses in a process of two threads
@@ -41,6 +46,7 @@
 #include <fcntl.h>
 #include <malloc.h>
 #include <sched.h>
+#include <signal.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -455,6 +461,47 @@ static void mode_nproc(void)
         fprintf(stderr, "nproc: the child said:\n%s", said);
 }
 
+static int allocating_child(void *arg)
+{
+    (void)arg;
+    for (size_t i = 0; i < 200; i++) {
+        void *volatile block = malloc(1000 + i * 5000);
+        memset(block, 1, 100);
+        free(block);
+    }
+    void *volatile large = malloc(3 * MiB);
+    free(large);
+    return 0;
+}
+
+static void mode_clone(void)
+{
+    static char stack[256 << 10];
+    int hung = 0, purger_left = 0;
+    for (uint64_t round = 0; round < 100; round++) {
+        allocate_mix(16 * MiB, 20 + round);
+        free_mix_shuffled(21 + round);
+        usleep((useconds_t)(round % 10) * 100);
+        pid_t pid = clone(allocating_child, stack + sizeof stack, SIGCHLD, NULL);
+        purger_left += thread_count() != 1;
+        int status = 0;
+        double deadline = now_ms() + 2000;
+        while (pid > 0 && waitpid(pid, &status, WNOHANG) == 0) {
+            if (now_ms() > deadline) { /* waiting on a lock for ever */
+                hung++;
+                kill(pid, SIGKILL);
+                waitpid(pid, &status, 0);
+                break;
+            }
+            usleep(1000);
+        }
+        CHECK(pid > 0);
+    }
+    printf("clone: %d of 100 children hung, the purger running after %d clones\n", hung, purger_left);
+    CHECK(hung == 0);
+    CHECK(purger_left == 0);
+}
+
 /* Whether a process of one thread, with no purger, may make this call. */
 static bool allowed_single(int (*call)(int), int arg)
 {
@@ -531,6 +578,8 @@ int main(int argc, char **argv)
         mode_mlockall();
     else if (!strcmp(mode, "nproc"))
         mode_nproc();
+    else if (!strcmp(mode, "clone"))
+        mode_clone();
     else if (!strcmp(mode, "unshare"))
         mode_unshare();
     else
