@@ -911,6 +911,7 @@ bool os_purged_pages_read_zero(void);
 void os_prefault(void *p, size_t size);
 void os_advise_huge(void *p, size_t size);
 void os_protect(void *p, size_t size, bool accessible);
+bool os_thread_filtered(void);
 void os_membarrier_init(void);
 bool os_membarrier(void);
 uint64_t os_random(void);

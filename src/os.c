@@ -210,20 +210,6 @@ void os_protect(void *p, size_t size, bool accessible)
     errno = saved;
 }
 
-/* The claims of a heap's caches (BigCache's front, the mid classes' frees)
- * put the whole barrier on the claimer's side: membarrier runs a full
- * barrier on every CPU that runs one of our threads. It needs the process
- * registered (again in a fork child); where the kernel refuses (old
- * kernels, seccomp filters), nothing is claimed and those caches are off. */
-bool hak_claims_on;
-
-void os_membarrier_init(void)
-{
-    hak_claims_on = syscall(SYS_membarrier, MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED, 0, 0) == 0;
-}
-
-bool os_membarrier(void) { return syscall(SYS_membarrier, MEMBARRIER_CMD_PRIVATE_EXPEDITED, 0, 0) == 0; }
-
 /* 64 random bits from getrandom; where it fails (no entropy yet, a seccomp
  * filter) the kernel's AT_RANDOM bytes mixed with the clock and a counter. */
 uint64_t os_random(void)
@@ -289,7 +275,6 @@ void os_write_stderr(const char *s, size_t n)
     errno = saved;
 }
 
-/* Resident set size now, from /proc/self/statm (second field, in pages). */
 /* Read a /proc file into buf (NUL-terminated); its length, 0 on failure. */
 static size_t read_proc(const char *path, char *buf, size_t size)
 {
@@ -305,6 +290,48 @@ static size_t read_proc(const char *path, char *buf, size_t size)
     return (size_t)n;
 }
 
+/* Whether the calling thread runs under a seccomp filter, which may kill
+ * the process for a system call outside its list: OpenSSH's
+ * pre-authentication sandbox, for one, kills on clone and membarrier, and
+ * a global preload of hakmem into sshd would have ended every login. Read
+ * from /proc/thread-self/status; where it cannot be read (that sandbox
+ * refuses open, with EACCES), assumed so. A filter is never removed, so a
+ * thread found filtered stays so, and so does a child it forks. Asked
+ * before the calls that filters list least (starting the purger thread,
+ * membarrier), which are rare; an open is what nearly every filter lets
+ * through or refuses without a kill. */
+static HAK_TLS bool thread_filtered;
+
+bool os_thread_filtered(void)
+{
+    if (thread_filtered)
+        return true;
+    char text[4096];
+    const char *mode = read_proc("/proc/thread-self/status", text, sizeof text) ? strstr(text, "\nSeccomp:") : NULL;
+    if (mode)
+        mode += strspn(mode + strlen("\nSeccomp:"), " \t") + strlen("\nSeccomp:");
+    thread_filtered = !mode || *mode != '0';
+    return thread_filtered;
+}
+
+/* The claims of a heap's caches (BigCache's front, the mid classes' frees)
+ * put the whole barrier on the claimer's side: membarrier runs a full
+ * barrier on every CPU that runs one of our threads. It needs the process
+ * registered (again in a fork child); where the kernel refuses (old
+ * kernels, seccomp filters), nothing is claimed and those caches are off. */
+bool hak_claims_on;
+
+void os_membarrier_init(void)
+{
+    hak_claims_on = !thread_filtered && syscall(SYS_membarrier, MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED, 0, 0) == 0;
+}
+
+bool os_membarrier(void)
+{
+    return !os_thread_filtered() && syscall(SYS_membarrier, MEMBARRIER_CMD_PRIVATE_EXPEDITED, 0, 0) == 0;
+}
+
+/* Resident set size now, from /proc/self/statm (second field, in pages). */
 size_t os_rss_bytes(void)
 {
     char buf[128];

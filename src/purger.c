@@ -107,35 +107,40 @@ static void *purger_main(void *arg)
 }
 
 /* Start the thread with every signal blocked: signals go to the program's
- * own threads. A failure falls back to inline purges for good, said only
- * with HAKMEM_VERBOSE: a program that may start no thread (RLIMIT_NPROC
- * 0, as privilege-separated servers set) has done nothing wrong, and its
- * stderr is its own. */
+ * own threads. Where it cannot be started (a thread limit), or starting
+ * it may be what kills the program (a seccomp filter: os_thread_filtered),
+ * purges run inline for good, said only with HAKMEM_VERBOSE: a program
+ * that may start no thread (RLIMIT_NPROC 0, as privilege-separated
+ * servers set) has done nothing wrong, and its stderr is its own. */
 static void purger_start(void)
 {
-    sigset_t all, old;
-    sigfillset(&all);
-    pthread_sigmask(SIG_SETMASK, &all, &old);
-    pthread_t thread;
-    pthread_attr_t attr;
-    pthread_attr_init(&attr);
-    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
-    pthread_attr_setstacksize(&attr, 64 << 10);
-    int rc = pthread_create(&thread, &attr, purger_main, NULL);
-    pthread_attr_destroy(&attr);
-    pthread_sigmask(SIG_SETMASK, &old, NULL);
-    if (rc != 0) {
+    bool filtered = os_thread_filtered();
+    int rc = EAGAIN;
+    if (!filtered) {
+        sigset_t all, old;
+        sigfillset(&all);
+        pthread_sigmask(SIG_SETMASK, &all, &old);
+        pthread_t thread;
+        pthread_attr_t attr;
+        pthread_attr_init(&attr);
+        pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+        pthread_attr_setstacksize(&attr, 64 << 10);
+        rc = pthread_create(&thread, &attr, purger_main, NULL);
+        pthread_attr_destroy(&attr);
+        pthread_sigmask(SIG_SETMASK, &old, NULL);
+    }
+    if (rc == 0) {
         if (hak_config.verbose)
-            hak_warn("could not start the purger thread; purging inline", NULL);
-        hak_config.purge_thread = false;
-        pthread_mutex_lock(&purger_lock);
-        atomic_store_explicit(&purger_running, false, memory_order_relaxed);
-        pthread_cond_broadcast(&purger_gone);
-        pthread_mutex_unlock(&purger_lock);
+            hak_warn("purger thread started", NULL);
         return;
     }
     if (hak_config.verbose)
-        hak_warn("purger thread started", NULL);
+        hak_warn("could not start the purger thread; purging inline", filtered ? "a seccomp filter" : NULL);
+    hak_config.purge_thread = false;
+    pthread_mutex_lock(&purger_lock);
+    atomic_store_explicit(&purger_running, false, memory_order_relaxed);
+    pthread_cond_broadcast(&purger_gone);
+    pthread_mutex_unlock(&purger_lock);
 }
 
 static void purge_inline(void)

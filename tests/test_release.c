@@ -33,6 +33,12 @@
  *            allocates: none hangs on a lock the purger held when its
  *            memory was copied (one in four did), and the purger is gone
  *            when clone returns;
+ *   seccomp  (HAKMEM_PURGE_DELAY_MS=200) in a child under a seccomp
+ *            filter that kills for any call outside a list of the usual
+ *            ones (as OpenSSH's sandbox does; clone and membarrier are not
+ *            on it), once with open refused (EACCES, as OpenSSH) and once
+ *            let through: frees that leave pages to purge do not kill it,
+ *            and its memory comes back inline once it allocates again;
  *   unshare  (HAKMEM_PURGE_DELAY_MS=200) in a child, with the purger
  *            thread started by its frees, setns and unshare(CLONE_NEWUSER)
  *            succeed, which the kernel refuses in a process of two threads
@@ -43,10 +49,14 @@
  * is off, with one a page).
  * Huge pages are checked where the system lets a program ask for them. */
 #define _GNU_SOURCE
+#include <errno.h>
 #include <fcntl.h>
+#include <linux/filter.h>
+#include <linux/seccomp.h>
 #include <malloc.h>
 #include <sched.h>
 #include <signal.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -176,6 +186,27 @@ static void mode_trim(size_t start)
     test_aligned_cost();
 }
 
+/* Allocating again runs the purges that fell due, where no thread does. */
+static void allocate_again(void)
+{
+    for (int i = 0; i < 20; i++) {
+        /* Through a volatile pointer: the compiler drops free(malloc(n)) */
+        void *volatile block = malloc(3 * MiB);
+        free(block);
+        usleep(20 * 1000);
+    }
+}
+
+/* total bytes allocated and freed, a sleep past the delay (200 ms), and
+ * allocations again. */
+static void free_sleep_allocate(size_t total, uint64_t seed)
+{
+    allocate_mix(total, seed);
+    free_mix_shuffled(seed + 1);
+    usleep(400 * 1000);
+    allocate_again();
+}
+
 static void mode_sleep(size_t start, bool thread)
 {
     allocate_mix(512 * MiB, 3);
@@ -199,12 +230,7 @@ static void mode_sleep(size_t start, bool thread)
         return;
     }
     CHECK(slept > start + 8 * MiB); /* nothing purges a sleeping program without the thread */
-    for (int i = 0; i < 20; i++) { /* allocating again runs the due purges */
-        /* Through a volatile pointer: the compiler drops free(malloc(n)) */
-        void *volatile block = malloc(3 * MiB);
-        free(block);
-        usleep(20 * 1000);
-    }
+    allocate_again();
     size_t again = rss_bytes();
     printf("inline: after allocating again %.2f MiB\n", again / 1048576.0);
     CHECK(again <= start + 5 * MiB / 2);
@@ -502,6 +528,63 @@ static void mode_clone(void)
     CHECK(purger_left == 0);
 }
 
+/* A filter that lets the usual calls through, answers open as `open`
+ * says (0: EACCES) and kills the process for any other. */
+static bool install_filter(bool open_allowed)
+{
+    static const long usual[] = {SYS_read, SYS_write, SYS_close, SYS_exit, SYS_exit_group, SYS_mmap, SYS_munmap,
+                                 SYS_mprotect, SYS_mremap, SYS_madvise, SYS_brk, SYS_futex, SYS_clock_gettime,
+                                 SYS_clock_nanosleep, SYS_nanosleep, SYS_rt_sigprocmask, SYS_getpid, SYS_gettid,
+                                 SYS_getrandom, SYS_fstat, SYS_newfstatat, SYS_lseek};
+    enum { USUAL = sizeof usual / sizeof usual[0] };
+    struct sock_filter code[1 + 2 * USUAL + 3];
+    unsigned n = 0;
+    code[n++] = (struct sock_filter)BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, nr));
+    for (unsigned i = 0; i < USUAL; i++) {
+        code[n++] = (struct sock_filter)BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, (uint32_t)usual[i], 0, 1);
+        code[n++] = (struct sock_filter)BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW);
+    }
+    code[n++] = (struct sock_filter)BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_openat, 0, 1);
+    code[n++] = (struct sock_filter)BPF_STMT(BPF_RET | BPF_K, open_allowed ? SECCOMP_RET_ALLOW : SECCOMP_RET_ERRNO | EACCES);
+    code[n++] = (struct sock_filter)BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_KILL_PROCESS);
+    struct sock_fprog program = {(unsigned short)n, code};
+    return prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) == 0 && prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &program) == 0;
+}
+
+static void mode_seccomp(void)
+{
+    for (int open_allowed = 0; open_allowed < 2; open_allowed++) {
+        pid_t pid = fork();
+        if (pid == 0) {
+            if (!install_filter(open_allowed))
+                _exit(2);
+            /* A first round faults in the code (a fork child's RSS starts
+             * without its parent's file pages); the second is measured. */
+            free_sleep_allocate(8 * MiB, 30);
+            size_t start = rss_bytes();
+            free_sleep_allocate(64 * MiB, 32);
+            if (open_allowed) { /* RSS can be read */
+                size_t end = rss_bytes();
+                printf("seccomp: RSS %.2f MiB before, %.2f MiB once allocated again\n", start / 1048576.0,
+                       end / 1048576.0);
+                CHECK(end <= start + 5 * MiB / 2);
+            }
+            fflush(stdout);
+            _exit(checks_failed != 0);
+        }
+        int status;
+        CHECK(pid > 0 && waitpid(pid, &status, 0) == pid);
+        if (WIFEXITED(status) && WEXITSTATUS(status) == 2) {
+            printf("seccomp: the kernel refuses a filter here, not checked\n");
+            continue;
+        }
+        if (WIFSIGNALED(status))
+            fprintf(stderr, "seccomp: the child (open %s) was killed by signal %d\n",
+                    open_allowed ? "allowed" : "refused", WTERMSIG(status));
+        CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    }
+}
+
 /* Whether a process of one thread, with no purger, may make this call. */
 static bool allowed_single(int (*call)(int), int arg)
 {
@@ -580,6 +663,8 @@ int main(int argc, char **argv)
         mode_nproc();
     else if (!strcmp(mode, "clone"))
         mode_clone();
+    else if (!strcmp(mode, "seccomp"))
+        mode_seccomp();
     else if (!strcmp(mode, "unshare"))
         mode_unshare();
     else
