@@ -74,6 +74,14 @@ static void wait_until(uint64_t due)
     wait_for((due > now ? due - now : 0) + 5);
 }
 
+/* No thread runs any more (called with purger_lock held): a retire that
+ * waits for it goes on, and the next notify starts one. */
+static void purger_gone_now(void)
+{
+    atomic_store_explicit(&purger_running, false, memory_order_relaxed);
+    pthread_cond_broadcast(&purger_gone);
+}
+
 static void *purger_main(void *arg)
 {
     (void)arg;
@@ -99,9 +107,8 @@ static void *purger_main(void *arg)
         }
     }
     /* Nothing waits, or a stop: gone until the next notify. */
-    atomic_store_explicit(&purger_running, false, memory_order_relaxed);
     purger_last_tid = (pid_t)syscall(SYS_gettid);
-    pthread_cond_broadcast(&purger_gone);
+    purger_gone_now();
     pthread_mutex_unlock(&purger_lock);
     return NULL;
 }
@@ -138,8 +145,7 @@ static void purger_start(void)
         hak_warn("could not start the purger thread; purging inline", filtered ? "a seccomp filter" : NULL);
     hak_config.purge_thread = false;
     pthread_mutex_lock(&purger_lock);
-    atomic_store_explicit(&purger_running, false, memory_order_relaxed);
-    pthread_cond_broadcast(&purger_gone);
+    purger_gone_now();
     pthread_mutex_unlock(&purger_lock);
 }
 
@@ -218,7 +224,7 @@ void purger_fork_child(void)
 static void purger_retire(void)
 {
     pthread_mutex_lock(&purger_lock);
-    if (!atomic_load_explicit(&purger_running, memory_order_relaxed) || purger_self) {
+    if (!atomic_load_explicit(&purger_running, memory_order_relaxed)) {
         pthread_mutex_unlock(&purger_lock);
         return;
     }

@@ -429,6 +429,13 @@ static size_t writable_anonymous_bytes(void)
     return total;
 }
 
+/* Waits for the child pid: whether it exited with 0. */
+static bool exited_cleanly(pid_t pid)
+{
+    int status;
+    return pid > 0 && waitpid(pid, &status, 0) == pid && WIFEXITED(status) && WEXITSTATUS(status) == 0;
+}
+
 static void mode_mlockall(void)
 {
     size_t writable = writable_anonymous_bytes();
@@ -480,8 +487,7 @@ static void mode_nproc(void)
         len += n;
     said[len] = 0;
     close(err[0]);
-    int status;
-    CHECK(pid > 0 && waitpid(pid, &status, 0) == pid && WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    CHECK(exited_cleanly(pid));
     CHECK(len == 0); /* no word from hakmem (nor a failed check) */
     if (len)
         fprintf(stderr, "nproc: the child said:\n%s", said);
@@ -591,8 +597,7 @@ static bool allowed_single(int (*call)(int), int arg)
     pid_t pid = fork();
     if (pid == 0)
         _exit(call(arg) == 0 ? 0 : 1);
-    int status;
-    return pid > 0 && waitpid(pid, &status, 0) == pid && WIFEXITED(status) && WEXITSTATUS(status) == 0;
+    return exited_cleanly(pid);
 }
 
 static int setns_own_mount(int fd) { return setns(fd, CLONE_NEWNS); }
@@ -630,8 +635,7 @@ static void mode_unshare(void)
         start_purger(11);
         _exit(checks_failed != 0);
     }
-    int status;
-    CHECK(pid > 0 && waitpid(pid, &status, 0) == pid && WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    CHECK(exited_cleanly(pid));
     if (mount_ns >= 0)
         close(mount_ns);
 }
