@@ -22,7 +22,10 @@ static size_t page_round(size_t n)
 }
 
 /* The hardened build ends each mapping with a page that faults on access:
- * an overflow past the block's last page stops there. */
+ * an overflow past the block's last page stops there. At the process's
+ * limit of mappings the kernel may refuse the split that the guard makes;
+ * the block then has none (and a guarded one that realloc must grow fails
+ * to move, as the guard splits its mapping in two). */
 static size_t guard_size(void) { return HAK_SECURE ? os_page_size() : 0; }
 
 static void guard_set(large_hdr_t *h, bool on)
@@ -299,7 +302,8 @@ void *large_realloc(void *p, size_t size)
      * thread may map the old range, and its entries must not be cleared. */
     large_unmark(h);
     if (new_map < old_map) {
-        os_unmap(base + new_map, old_map - new_map);
+        if (!os_unmap(base + new_map, old_map - new_map))
+            new_map = old_map; /* the tail stays the block's, purged */
     } else {
         /* The block's first chunk must stay 2 MiB-aligned (alignments
          * above that are not kept by realloc, as in glibc). */

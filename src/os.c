@@ -1,6 +1,11 @@
 /* The OS layer: the only file that maps, unmaps and purges memory, reads
  * /proc or runs membarrier. Everything here is raw syscalls or libc
- * wrappers that never call malloc. */
+ * wrappers that never call malloc. None is a cancellation point: glibc's
+ * open, read, close, write and getrandom act on a pending
+ * pthread_cancel, and a thread cancelled inside malloc, free or its exit's
+ * hand-back would leave hakmem's state half changed (the purger marked
+ * running with no thread, which unshare then waited for for ever); glibc's
+ * own malloc avoids them too. So those calls go through syscall(). */
 #define _GNU_SOURCE
 #include "internal.h"
 
@@ -73,6 +78,7 @@ static void *map_aligned_at(size_t size, size_t align, size_t offset, int prot, 
     char *p = (char *)((((uintptr_t)raw + offset + align - 1) & ~(uintptr_t)(align - 1)) - offset);
     size_t before = (size_t)(p - raw);
     size_t after = align - before;
+    /* An end the kernel does not give back stays address space, untouched. */
     if (before)
         munmap(raw, before);
     if (after)
@@ -107,8 +113,8 @@ bool os_commit(void *p, size_t size)
 /* A reservation goes back, `committed` bytes of it made memory. */
 void os_release(void *p, size_t size, size_t committed)
 {
-    os_unmap(p, size);
-    atomic_fetch_add_explicit(&hak_mapped_bytes, size - committed, memory_order_relaxed);
+    if (os_unmap(p, size))
+        atomic_fetch_add_explicit(&hak_mapped_bytes, size - committed, memory_order_relaxed);
 }
 
 void *os_map_aligned(size_t size, size_t align) { return os_map_aligned_at(size, align, 0); }
@@ -140,13 +146,25 @@ void *os_remap_aligned(void *p, size_t old_size, size_t new_size, size_t align, 
     return q;
 }
 
-void os_unmap(void *p, size_t size)
+/* munmap splits a mapping to unmap a part of it (or a block the kernel
+ * merged with its neighbours), and refuses (ENOMEM) where the process is
+ * at its limit of mappings (vm.max_map_count). The range is then purged:
+ * its pages go back, its address space stays mapped and counted, as
+ * glibc, jemalloc and mimalloc leave theirs (hakmem used to end the
+ * program there). Whether the range is gone. */
+bool os_unmap(void *p, size_t size)
 {
     int saved = errno;
-    if (munmap(p, size) != 0)
-        hak_fatal("munmap failed");
+    bool gone = munmap(p, size) == 0;
     errno = saved;
-    atomic_fetch_sub_explicit(&hak_mapped_bytes, size, memory_order_relaxed);
+    if (gone) {
+        atomic_fetch_sub_explicit(&hak_mapped_bytes, size, memory_order_relaxed);
+        return true;
+    }
+    os_purge(p, size);
+    if (hak_config.verbose)
+        hak_warn("munmap refused (the limit of mappings, vm.max_map_count?)", "purged instead");
+    return false;
 }
 
 /* Give the pages back to the kernel. With MADV_DONTNEED the range reads as
@@ -202,12 +220,14 @@ void os_advise_huge(void *p, size_t size)
 }
 
 /* Guard pages (the hardened build): no access, or read and write again. */
-void os_protect(void *p, size_t size, bool accessible)
+/* Whether the kernel changed the protection: it refuses (ENOMEM) where
+ * that splits a mapping of a process at its limit of mappings. */
+bool os_protect(void *p, size_t size, bool accessible)
 {
     int saved = errno;
-    if (mprotect(p, size, accessible ? PROT_READ | PROT_WRITE : PROT_NONE) != 0)
-        hak_fatal("mprotect failed (too many mappings? see vm.max_map_count)");
+    bool done = mprotect(p, size, accessible ? PROT_READ | PROT_WRITE : PROT_NONE) == 0;
     errno = saved;
+    return done;
 }
 
 /* 64 random bits from getrandom; where it fails (no entropy yet, a seccomp
@@ -215,7 +235,7 @@ void os_protect(void *p, size_t size, bool accessible)
 uint64_t os_random(void)
 {
     uint64_t v;
-    if (getrandom(&v, sizeof v, GRND_NONBLOCK) == (ssize_t)sizeof v)
+    if (syscall(SYS_getrandom, &v, sizeof v, GRND_NONBLOCK) == (long)sizeof v)
         return v;
     static _Atomic uint64_t calls;
     v = 0;
@@ -263,7 +283,7 @@ void os_write_stderr(const char *s, size_t n)
 {
     int saved = errno;
     while (n > 0) {
-        ssize_t w = write(STDERR_FILENO, s, n);
+        ssize_t w = syscall(SYS_write, STDERR_FILENO, s, n);
         if (w <= 0) {
             if (w < 0 && errno == EINTR)
                 continue;
@@ -279,10 +299,10 @@ void os_write_stderr(const char *s, size_t n)
 static size_t read_proc(const char *path, char *buf, size_t size)
 {
     int saved = errno;
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    ssize_t n = fd >= 0 ? read(fd, buf, size - 1) : -1;
+    int fd = (int)syscall(SYS_openat, AT_FDCWD, path, O_RDONLY | O_CLOEXEC);
+    ssize_t n = fd >= 0 ? syscall(SYS_read, fd, buf, size - 1) : -1;
     if (fd >= 0)
-        close(fd);
+        syscall(SYS_close, fd);
     errno = saved;
     if (n <= 0)
         return 0;

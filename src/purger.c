@@ -223,9 +223,12 @@ void purger_fork_child(void)
  * waiting start a new thread at the program's next slow path. */
 static void purger_retire(void)
 {
+    int cancel_state; /* pthread_cond_wait is a cancellation point (see os.c) */
+    pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, &cancel_state);
     pthread_mutex_lock(&purger_lock);
     if (!atomic_load_explicit(&purger_running, memory_order_relaxed)) {
         pthread_mutex_unlock(&purger_lock);
+        pthread_setcancelstate(cancel_state, NULL);
         return;
     }
     purger_stop = true;
@@ -240,6 +243,7 @@ static void purger_retire(void)
         atomic_store(&hak_purger_start_wanted, true);
     for (int i = 0; i < 100000 && syscall(SYS_tgkill, getpid(), tid, 0) == 0; i++)
         sched_yield();
+    pthread_setcancelstate(cancel_state, NULL);
 }
 
 /* ---- the calls that need the program's threads alone --------------------------- */

@@ -11,6 +11,8 @@
  * lock per SuperSlab keeps its purges apart from the owner's page changes. */
 #include "internal.h"
 
+#include <errno.h>
+
 #include <pthread.h>
 #include <sched.h>
 
@@ -57,8 +59,13 @@ static superslab_t *superslab_map_locked(void)
     ss->mark_secret = os_random();
     ss->link_secret = os_random();
     size_t page = os_page_size();
-    if (HAK_SECURE && page < SLAB_PAGE_SIZE) /* the header's last page guards it from the first slab */
-        os_protect((char *)ss + SLAB_PAGE_SIZE - page, page, false);
+    /* The header's last page guards it from the first slab; no SuperSlab
+     * without it (the kernel refuses at the limit of mappings). */
+    if (HAK_SECURE && page < SLAB_PAGE_SIZE && !os_protect((char *)ss + SLAB_PAGE_SIZE - page, page, false)) {
+        os_unmap(ss, SS_SIZE);
+        errno = ENOMEM;
+        return NULL;
+    }
     ss->free_pages = DATA_PAGES_MASK;
     for (unsigned i = 0; i < SS_PAGES; i++)
         ss->page_slab[i] = &hak_no_slab;

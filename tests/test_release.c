@@ -42,7 +42,20 @@
  *   unshare  (HAKMEM_PURGE_DELAY_MS=200) in a child, with the purger
  *            thread started by its frees, setns and unshare(CLONE_NEWUSER)
  *            succeed, which the kernel refuses in a process of two threads
- *            (checked where the system lets a program of one do them).
+ *            (checked where the system lets a program of one do them);
+ *   cancel   (HAKMEM_PURGE_DELAY_MS=200) in a child, threads with a
+ *            pthread_cancel pending free blocks (which starts the purger)
+ *            and take their first blocks: neither malloc, free nor the
+ *            hand-back at their exit is a cancellation point, as under
+ *            glibc (a thread cancelled inside free left the purger marked
+ *            running with no thread, and unshare then waited for ever);
+ *            nor is unshare, which waits for the purger to stop;
+ *   maplimit in a child that has used all but a few of the mappings the
+ *            kernel allows a process (vm.max_map_count), rounds of blocks
+ *            of every tier taken, touched and freed: the kernel refuses
+ *            the munmaps that split a mapping, and hakmem goes on (it
+ *            aborted) with its memory purged instead; an allocation may
+ *            fail, with ENOMEM, and malloc_trim(0) brings RSS back.
  * In the last three, a block grown by realloc gets the same for its new
  * pages; in the prewarm modes a block of the page arenas, new or purged,
  * is touched without page faults too (in hugepages mode, where pre-warming
@@ -54,6 +67,7 @@
 #include <linux/filter.h>
 #include <linux/seccomp.h>
 #include <malloc.h>
+#include <pthread.h>
 #include <sched.h>
 #include <signal.h>
 #include <stddef.h>
@@ -640,6 +654,130 @@ static void mode_unshare(void)
         close(mount_ns);
 }
 
+/* A thread that asks to be cancelled at its next cancellation point,
+ * then frees the blocks it took before (start_purger's frees) or takes
+ * its first blocks: it returns from its calls and exits with its own
+ * value, not PTHREAD_CANCELED. */
+static void *free_cancel_pending(void *seed)
+{
+    allocate_mix(64 * MiB, (uint64_t)(uintptr_t)seed);
+    pthread_cancel(pthread_self());
+    free_mix_shuffled((uint64_t)(uintptr_t)seed + 1);
+    return seed;
+}
+
+static void *first_blocks_cancel_pending(void *seed)
+{
+    pthread_cancel(pthread_self());
+    allocate_mix(MiB, (uint64_t)(uintptr_t)seed);
+    free_mix_shuffled((uint64_t)(uintptr_t)seed + 1);
+    return seed;
+}
+
+/* unshare, with the purger running (it stops it first), is none either. */
+static void *unshare_cancel_pending(void *seed)
+{
+    allocate_mix(64 * MiB, (uint64_t)(uintptr_t)seed);
+    free_mix_shuffled((uint64_t)(uintptr_t)seed + 1);
+    pthread_cancel(pthread_self());
+    return unshare(0) == 0 ? seed : NULL;
+}
+
+static bool returned_itself(void *(*body)(void *), uintptr_t seed)
+{
+    pthread_t thread;
+    void *result = NULL;
+    return pthread_create(&thread, NULL, body, (void *)seed) == 0 && pthread_join(thread, &result) == 0 &&
+           result == (void *)seed;
+}
+
+static void mode_cancel(void)
+{
+    pid_t pid = fork();
+    if (pid == 0) {
+        alarm(20); /* a wait for a purger that never runs ends here */
+        CHECK(returned_itself(free_cancel_pending, 13));
+        CHECK(returned_itself(first_blocks_cancel_pending, 15));
+        CHECK(returned_itself(unshare_cancel_pending, 17));
+        CHECK(unshare(0) == 0); /* waits for the purger to be gone */
+        CHECK(thread_count() == 1);
+        start_purger(19); /* and it starts again */
+        _exit(checks_failed != 0);
+    }
+    CHECK(exited_cleanly(pid));
+}
+
+static long max_map_count(void)
+{
+    char text[32] = "";
+    int fd = open("/proc/sys/vm/max_map_count", O_RDONLY);
+    if (fd >= 0 && read(fd, text, sizeof text - 1) < 0)
+        text[0] = 0;
+    if (fd >= 0)
+        close(fd);
+    return atol(text);
+}
+
+/* Split a reservation of no access into mappings (every other page made
+ * readable) until the kernel refuses one more, then merge back `spare`
+ * pairs: the process has 2 * spare mappings left. */
+static void use_mappings_but(long limit, long spare)
+{
+    size_t page = (size_t)sysconf(_SC_PAGESIZE);
+    char *base = mmap(NULL, (size_t)limit * 2 * page, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    CHECK(base != MAP_FAILED);
+    long made = 0;
+    while (made < limit && mprotect(base + (size_t)made * 2 * page, page, PROT_READ) == 0)
+        made++;
+    CHECK(made < limit && errno == ENOMEM);
+    for (long i = 1; i <= spare && i <= made; i++)
+        mprotect(base + (size_t)(made - i) * 2 * page, page, PROT_NONE);
+}
+
+static void mode_maplimit(void)
+{
+    long limit = max_map_count();
+    if (limit <= 0 || limit > (4l << 20)) {
+        printf("maplimit: vm.max_map_count %ld, skipped\n", limit);
+        return;
+    }
+    pid_t pid = fork();
+    if (pid == 0) {
+        use_mappings_but(limit, 10);
+        size_t start = rss_bytes();
+        uint64_t seed = 21;
+        long served = 0, refused = 0;
+        for (int round = 0; round < 8; round++) {
+            block_count = 0;
+            for (int i = 0; i < 2000; i++) {
+                size_t size = (size_t)16 << (rng(&seed) % 19); /* 16 B .. 4 MiB */
+                size += rng(&seed) % size;                      /* .. 8 MiB */
+                errno = 0;
+                void *p = malloc(size);
+                if (!p) {
+                    CHECK(errno == ENOMEM);
+                    refused++;
+                    continue;
+                }
+                CHECK(hak_owns(p));
+                memset(p, 0x5a, size < 65536 ? size : 65536);
+                blocks[block_count++] = p;
+                served++;
+            }
+            free_mix_shuffled(seed);
+        }
+        malloc_trim(0);
+        size_t end = rss_bytes();
+        printf("maplimit: %ld mappings allowed; %ld blocks served, %ld refused; RSS %.1f MiB at the start, "
+               "%.1f after malloc_trim(0)\n", limit, served, refused, start / 1048576.0, end / 1048576.0);
+        CHECK(served > 4000); /* of 16,000: every peer serves them all here */
+        CHECK(end <= start + 4 * MiB);
+        fflush(stdout);
+        _exit(checks_failed != 0);
+    }
+    CHECK(exited_cleanly(pid));
+}
+
 int main(int argc, char **argv)
 {
     const char *mode = argc > 1 ? argv[1] : "trim";
@@ -671,6 +809,10 @@ int main(int argc, char **argv)
         mode_seccomp();
     else if (!strcmp(mode, "unshare"))
         mode_unshare();
+    else if (!strcmp(mode, "cancel"))
+        mode_cancel();
+    else if (!strcmp(mode, "maplimit"))
+        mode_maplimit();
     else
         CHECK(!"unknown mode");
     free(blocks);
