@@ -10,6 +10,7 @@
 #include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #define TOP_SITES 10
@@ -277,13 +278,27 @@ HAK_EXPORT void hak_stats_print_json(FILE *out)
 /* ---- at exit ----------------------------------------------------------------- */
 
 /* Programs may close stderr before exit (coreutils does), so the exit
- * report goes to a copy of it taken at init. */
+ * report goes to a copy of it taken at init. A program may close that
+ * copy too (daemons close every descriptor above stderr) and open a file
+ * that gets its number: the report goes to the copy only while it names
+ * the file it named at init, else to stderr if that still does, else
+ * nowhere, never into the program's file. */
 static int report_fd = -1;
+static struct stat report_file;
+
+static bool names_report_file(int fd)
+{
+    struct stat now;
+    return fstat(fd, &now) == 0 && now.st_dev == report_file.st_dev && now.st_ino == report_file.st_ino;
+}
 
 void stats_init(void)
 {
-    if (hak_config.stats != STATS_OFF)
+    if (hak_config.stats != STATS_OFF) {
         report_fd = fcntl(STDERR_FILENO, F_DUPFD_CLOEXEC, 100);
+        if (report_fd >= 0 && fstat(report_fd, &report_file) != 0)
+            report_fd = -1;
+    }
 }
 
 /* A program that never allocates (true) still gets its report: hakmem
@@ -298,7 +313,9 @@ __attribute__((destructor)) static void report_at_exit(void)
 {
     if (report_fd < 0 || atomic_load(&hak_init_state) != 2)
         return;
-    FILE *out = fdopen(report_fd, "w");
+    int fd = names_report_file(report_fd) ? report_fd
+           : names_report_file(STDERR_FILENO) ? fcntl(STDERR_FILENO, F_DUPFD_CLOEXEC, 0) : -1;
+    FILE *out = fd >= 0 ? fdopen(fd, "w") : NULL;
     if (out) {
         if (hak_config.stats == STATS_JSON)
             hak_stats_print_json(out);

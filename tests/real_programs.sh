@@ -89,6 +89,19 @@ else
   echo "skip unshare: this system refuses user namespaces"
 fi
 
+# A daemon's habit: close every descriptor above stderr, then open files.
+# One gets the number of hakmem's copy of stderr (100), and the exit report
+# must not go into it, but to stderr, which still names the same file.
+cat >fds.py <<'PY'
+import os
+os.closerange(3, 4096)
+print(len([os.open("out%d" % i, os.O_WRONLY | os.O_CREAT | os.O_TRUNC) for i in range(200)]))
+PY
+run closed_fds /usr/bin/python3 fds.py
+if grep -q hakmem out*; then
+  echo "FAIL closed_fds: the report went into $(grep -l hakmem out* | head -1)"; failed=$((failed + 1))
+fi
+
 # python3's own test modules (timings cut from the summary line); none that
 # checks a child's stderr, where HAKMEM_STATS puts the child's report.
 run python3_stdlib_tests sh -c '/usr/bin/python3 -m unittest test.test_re test.test_collections test.test_heapq \
