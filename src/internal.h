@@ -910,6 +910,7 @@ void os_purge(void *p, size_t size);
 bool os_purged_pages_read_zero(void);
 void os_prefault(void *p, size_t size);
 void os_advise_huge(void *p, size_t size);
+void os_advise_small_pages(void *p, size_t size);
 bool os_protect(void *p, size_t size, bool accessible);
 bool os_thread_filtered(void);
 void os_membarrier_init(void);

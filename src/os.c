@@ -219,7 +219,16 @@ void os_advise_huge(void *p, size_t size)
     errno = saved;
 }
 
-/* Guard pages (the hardened build): no access, or read and write again. */
+/* The opposite: 4 KiB pages only, asked before the first touch. Where
+ * the system gives huge pages to every mapping (enabled=always), the first
+ * touch of a 2 MiB-aligned chunk makes the whole chunk resident. */
+void os_advise_small_pages(void *p, size_t size)
+{
+    int saved = errno;
+    madvise(p, size, MADV_NOHUGEPAGE);
+    errno = saved;
+}
+
 /* Whether the kernel changed the protection: it refuses (ENOMEM) where
  * that splits a mapping of a process at its limit of mappings. */
 bool os_protect(void *p, size_t size, bool accessible)

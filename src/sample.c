@@ -104,6 +104,7 @@ static arena_chunk_t *arena_chunk_new(unsigned kind)
     arena_chunk_t *a = os_map_aligned(SS_SIZE, SS_SIZE);
     if (!a)
         return NULL;
+    os_advise_small_pages(a, SS_SIZE); /* a few samples: never a whole huge page (superslab.c) */
     a->magic = ARENA_MAGIC;
     a->slot_shift = ARENA_MIN_SLOT_SHIFT + 2 * kind;
     size_t header = sizeof(arena_chunk_t) + arena_slots(a) * sizeof(sample_record_t);

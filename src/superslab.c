@@ -50,11 +50,23 @@ static void pages_unlock(superslab_t *ss) { atomic_store_explicit(&ss->pages_loc
 
 /* ---- mapping and the shared pool (under ss_lock) ------------------------------ */
 
+/* Where the system backs every mapping with transparent huge pages
+ * (enabled=always, RHEL's default), a SuperSlab's first touch makes all
+ * its 2 MiB resident, for a first slab of 64 KiB: a program with a heap
+ * of 200 KiB held 5.8 MiB (2.0 with 4 KiB pages; mimalloc 3.8, jemalloc
+ * 9.7). The first SuperSlabs of a heap take 4 KiB pages; a heap beyond
+ * them, which fills its SuperSlabs, gets huge pages where the system
+ * gives them (fewer faults and TLB misses). Elsewhere the advice changes
+ * nothing. */
+#define SS_SMALL_HEAP 4
+
 static superslab_t *superslab_map_locked(void)
 {
     superslab_t *ss = os_map_aligned(SS_SIZE, SS_SIZE);
     if (!ss)
         return NULL;
+    if (ss_count < SS_SMALL_HEAP)
+        os_advise_small_pages(ss, SS_SIZE);
     ss->magic = SS_MAGIC;
     ss->mark_secret = os_random();
     ss->link_secret = os_random();

@@ -50,6 +50,11 @@
  *            glibc (a thread cancelled inside free left the purger marked
  *            running with no thread, and unshare then waited for ever);
  *            nor is unshare, which waits for the purger to stop;
+ *   smallpages (and smallpages_sampled, HAKMEM_PROFILE_SAMPLE=2) a
+ *            program's first blocks, sampled ones too, lie in mappings
+ *            advised to take 4 KiB pages (where the system gives huge
+ *            pages to every mapping, their SuperSlab was all resident);
+ *            a heap of 24 MiB of small blocks gets huge pages again;
  *   maplimit in a child that has used all but a few of the mappings the
  *            kernel allows a process (vm.max_map_count), rounds of blocks
  *            of every tier taken, touched and freed: the kernel refuses
@@ -278,35 +283,92 @@ static long faults_touching(char *p, size_t size)
 }
 
 /* Whether madvise(MADV_HUGEPAGE) can get transparent huge pages here. */
-static bool huge_pages_available(void)
+/* Whether the system's transparent huge pages are set to setting. */
+static bool huge_pages_set(const char *setting)
 {
     FILE *f = fopen("/sys/kernel/mm/transparent_hugepage/enabled", "r");
-    char line[128] = "";
+    char line[128] = "", chosen[32];
     if (f) {
         if (!fgets(line, sizeof line, f))
             line[0] = 0;
         fclose(f);
     }
-    return strstr(line, "[always]") || strstr(line, "[madvise]");
+    snprintf(chosen, sizeof chosen, "[%s]", setting);
+    return strstr(line, chosen) != NULL;
 }
 
-/* The AnonHugePages of the mapping that holds p, in bytes. */
-static size_t huge_bytes_at(const void *p)
+static bool huge_pages_available(void) { return huge_pages_set("always") || huge_pages_set("madvise"); }
+
+/* The line that starts with field ("Rss:", "VmFlags:") in the smaps entry
+ * of the mapping that holds p, into line; false where there is none. */
+static bool smaps_line_at(const void *p, const char *field, char *line, int size)
 {
     FILE *f = fopen("/proc/self/smaps", "r");
-    char line[512];
-    bool inside = false;
-    size_t kib = 0;
-    while (f && fgets(line, sizeof line, f)) {
+    bool inside = false, found = false;
+    while (!found && f && fgets(line, size, f)) {
         uintptr_t lo, hi;
         if (sscanf(line, "%lx-%lx ", &lo, &hi) == 2)
             inside = lo <= (uintptr_t)p && (uintptr_t)p < hi;
-        else if (inside && sscanf(line, "AnonHugePages: %zu kB", &kib) == 1)
-            break;
+        else
+            found = inside && !strncmp(line, field, strlen(field));
     }
     if (f)
         fclose(f);
+    return found;
+}
+
+/* A field of the mapping that holds p, in bytes. */
+static size_t smaps_bytes_at(const void *p, const char *field)
+{
+    char line[512];
+    size_t kib = 0;
+    if (smaps_line_at(p, field, line, sizeof line))
+        sscanf(line + strlen(field), " %zu kB", &kib);
     return kib * 1024;
+}
+
+static size_t huge_bytes_at(const void *p) { return smaps_bytes_at(p, "AnonHugePages:"); }
+
+/* Whether the mapping that holds p was advised MADV_NOHUGEPAGE. */
+static bool small_pages_at(const void *p)
+{
+    char line[512];
+    return smaps_line_at(p, "VmFlags:", line, sizeof line) && strstr(line, " nh");
+}
+
+/* A program's first blocks, sampled ones too (sampled, run with
+ * HAKMEM_PROFILE_SAMPLE=2), lie in mappings advised to take 4 KiB pages:
+ * where the system gives every mapping huge pages, their SuperSlab is not
+ * all resident (checked there); a heap of 24 MiB of small blocks, beyond
+ * the first SuperSlabs, gets huge pages again. */
+static void mode_smallpages(bool sampled)
+{
+    enum { FIRST = 64 };
+    char *first[FIRST];
+    for (int i = 0; i < FIRST; i++) {
+        first[i] = malloc(64);
+        memset(first[i], i, 64);
+        CHECK(hak_owns(first[i]) && small_pages_at(first[i]));
+    }
+    size_t rss = smaps_bytes_at(first[0], "Rss:");
+    printf("smallpages: the first blocks' mapping holds %zu KiB%s\n", rss >> 10,
+           huge_pages_set("always") ? " (transparent huge pages: always)" : "");
+    if (huge_pages_set("always"))
+        CHECK(rss < MiB);
+    if (sampled)
+        CHECK(samples_taken() > 0);
+    else {
+        size_t count = (24 * MiB) / 256;
+        char **heap = malloc(count * sizeof *heap);
+        for (size_t i = 0; i < count; i++)
+            memset(heap[i] = malloc(256), 1, 256);
+        CHECK(!small_pages_at(heap[count - 1]));
+        for (size_t i = 0; i < count; i++)
+            free(heap[i]);
+        free(heap);
+    }
+    for (int i = 0; i < FIRST; i++)
+        free(first[i]);
 }
 
 /* An 8 MiB block from one call site, new and then reused by BigCache after
@@ -813,6 +875,10 @@ int main(int argc, char **argv)
         mode_cancel();
     else if (!strcmp(mode, "maplimit"))
         mode_maplimit();
+    else if (!strcmp(mode, "smallpages"))
+        mode_smallpages(false);
+    else if (!strcmp(mode, "smallpages_sampled"))
+        mode_smallpages(true);
     else
         CHECK(!"unknown mode");
     free(blocks);
