@@ -10,6 +10,7 @@
 #include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -292,13 +293,19 @@ static bool names_report_file(int fd)
     return fstat(fd, &now) == 0 && now.st_dev == report_file.st_dev && now.st_ino == report_file.st_ino;
 }
 
+/* The copy takes a number from 100 up, out of the way of the numbers a
+ * program counts on; under a lower limit of descriptors (ulimit -n 64),
+ * from the upper half of what the limit allows. */
 void stats_init(void)
 {
-    if (hak_config.stats != STATS_OFF) {
-        report_fd = fcntl(STDERR_FILENO, F_DUPFD_CLOEXEC, 100);
-        if (report_fd >= 0 && fstat(report_fd, &report_file) != 0)
-            report_fd = -1;
-    }
+    if (hak_config.stats == STATS_OFF)
+        return;
+    report_fd = fcntl(STDERR_FILENO, F_DUPFD_CLOEXEC, 100);
+    struct rlimit files;
+    if (report_fd < 0 && getrlimit(RLIMIT_NOFILE, &files) == 0 && files.rlim_cur > 6 && files.rlim_cur <= 100)
+        report_fd = fcntl(STDERR_FILENO, F_DUPFD_CLOEXEC, (int)files.rlim_cur / 2);
+    if (report_fd >= 0 && fstat(report_fd, &report_file) != 0)
+        report_fd = -1;
 }
 
 /* A program that never allocates (true) still gets its report: hakmem
