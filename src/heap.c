@@ -877,7 +877,7 @@ void heap_mid_cached_first(heap_t *heap)
 {
     atomic_store_explicit(&heap->mid_cached_ms, os_now_ms(), memory_order_relaxed);
     atomic_store_explicit(&heap->mid_cached, true, memory_order_release);
-    purger_notify();
+    purger_notify_cached();
 }
 
 /* s, a current slab, is empty: its blocks are forgotten and their pages

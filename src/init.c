@@ -16,6 +16,7 @@ void hak_init_slow(void)
         sizeclass_init();
         options_init();
         kpi_init();
+        purger_init();
         os_membarrier_init();
         bigcache_init();
         arena_init();

@@ -605,7 +605,9 @@ size_t superslab_class_bytes(unsigned c);
 /* ---- Purger thread (purger.c) ------------------------------------------ */
 
 extern _Atomic bool hak_purger_start_wanted;
+void purger_init(void);
 void purger_notify(void);
+void purger_notify_cached(void);
 void purger_poll(void);
 void purger_heap_settled(void);
 void purger_fork_child(void);

@@ -50,6 +50,9 @@
  *            glibc (a thread cancelled inside free left the purger marked
  *            running with no thread, and unshare then waited for ever);
  *            nor is unshare, which waits for the purger to stop;
+ *   young    (HAKMEM_PURGE_DELAY_MS=200) a block freed into a thread's
+ *            caches in the program's first purge delay starts no purger
+ *            thread; an allocation after the delay starts it;
  *   smallpages (and smallpages_sampled, HAKMEM_PROFILE_SAMPLE=2) a
  *            program's first blocks, sampled ones too, lie in mappings
  *            advised to take 4 KiB pages (where the system gives huge
@@ -505,6 +508,31 @@ static size_t writable_anonymous_bytes(void)
     return total;
 }
 
+/* (HAKMEM_PURGE_DELAY_MS=200) A block freed into a thread's caches in the
+ * program's first purge delay starts no purger thread (a short program
+ * paid its start and end, 80-215 us of a 1.2 ms `ls`); a slow-path
+ * allocation after that delay starts it, and it flushes the caches. */
+static void mode_young(void)
+{
+    CHECK(thread_count() == 1);
+    char *p = malloc(4096);
+    CHECK(p && hak_owns(p));
+    memset(p, 1, 4096);
+    free(p);
+    CHECK(thread_count() == 1);
+    usleep(300 * 1000);
+    CHECK(thread_count() == 1); /* nothing told it */
+    enum { KEPT = 4000 };
+    static void *kept[KEPT];
+    for (int i = 0; i < KEPT; i++) /* refills */
+        kept[i] = malloc((size_t)16 + (size_t)(i % 64) * 8);
+    int threads = thread_count();
+    for (int i = 0; i < KEPT; i++)
+        free(kept[i]);
+    printf("young: one thread after the first free, %d after allocating past the delay\n", threads);
+    CHECK(threads == 2);
+}
+
 /* Waits for the child pid: whether it exited with 0. */
 static bool exited_cleanly(pid_t pid)
 {
@@ -875,6 +903,8 @@ int main(int argc, char **argv)
         mode_cancel();
     else if (!strcmp(mode, "maplimit"))
         mode_maplimit();
+    else if (!strcmp(mode, "young"))
+        mode_young();
     else if (!strcmp(mode, "smallpages"))
         mode_smallpages(false);
     else if (!strcmp(mode, "smallpages_sampled"))
