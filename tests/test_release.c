@@ -54,7 +54,8 @@
  *            caches in the program's first purge delay starts no purger
  *            thread; an allocation after the delay starts it;
  *   smallpages (and smallpages_sampled, HAKMEM_PROFILE_SAMPLE=2) a
- *            program's first blocks, sampled ones too, lie in mappings
+ *            program's first blocks, sampled ones and a page arena's
+ *            too, lie in mappings
  *            advised to take 4 KiB pages (where the system gives huge
  *            pages to every mapping, their SuperSlab was all resident);
  *            a heap of 24 MiB of small blocks gets huge pages again;
@@ -353,6 +354,9 @@ static void mode_smallpages(bool sampled)
         memset(first[i], i, 64);
         CHECK(hak_owns(first[i]) && small_pages_at(first[i]));
     }
+    char *mid = malloc(32 << 10); /* a page arena's block: its bottom too */
+    CHECK(mid && hak_owns(mid) && small_pages_at(mid));
+    free(mid);
     size_t rss = smaps_bytes_at(first[0], "Rss:");
     printf("smallpages: the first blocks' mapping holds %zu KiB%s\n", rss >> 10,
            huge_pages_set("always") ? " (transparent huge pages: always)" : "");
