@@ -12,7 +12,6 @@
 #include "internal.h"
 
 #include <errno.h>
-
 #include <pthread.h>
 #include <sched.h>
 
