@@ -46,10 +46,10 @@ def workloads(full, thread_counts):
         w.append(("tiny", f"{pattern} 16B", "tiny", [pattern, "16", str(4_000_000 * k)], ["mops"]))
     for size in [8, 16, 32, 64, 128, 256, 512, 1024]:
         w.append(("sweep", f"lifo {size}B", "tiny", ["lifo", str(size), str(3_000_000 * k)], ["mops"]))
-    battle_iters = {"json": 1000, "mir": 1000, "vm": 200 * (10 if full else 1), "mixed": 1000, "buffers": 100_000, "grow": 200}
+    battle_iters = {"json": 1000, "mir": 1000, "vm": 200 * (10 if full else 1), "mixed": 1000, "buffers": 100_000, "grow": 200, "varied": 2000}
     for scenario, iters in battle_iters.items():
         w.append(("battle", scenario, "battle", [scenario, str(iters)],
-                  ["median_ns", "p95_ns", "p99_ns", "faults_per_iter", "rss_mib", "bigcache_hit_pct"]))
+                  ["median_ns", "mean_ns", "p95_ns", "p99_ns", "faults_per_iter", "rss_mib", "bigcache_hit_pct"]))
     w.append(("rss-time", "prodcons 1K..1M", "rsstime", [str(300_000 * k)],
               ["kops", "rss_warm_mib", "rss_end_mib", "rss_peak_mib", "rss_growth_mib", "faults_per_block"]))
     # a short program and an interpreter's start, a process each run

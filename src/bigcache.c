@@ -40,14 +40,14 @@
 typedef struct bigcache_site {
     _Alignas(64) pthread_mutex_t lock;
     uintptr_t site;
-    unsigned slots;                         /* the ring's size now */
-    unsigned next;                          /* ring position of the oldest slot */
+    unsigned slots;                         /* the blocks the ring may hold now */
+    unsigned count;                         /* and holds, slot[0] the oldest */
     large_hdr_t *slot[BIGCACHE_MAX_SLOTS];
 } bigcache_site_t;
 
 static bigcache_site_t sites[BIGCACHE_MAX_SITES];
 static _Atomic size_t cached_bytes; /* mapped bytes held in the rings */
-static _Atomic uint64_t ring_hits, ring_misses;
+static _Atomic uint64_t ring_hits, ring_misses, ring_reshaped;
 static pthread_mutex_t claim_lock = PTHREAD_MUTEX_INITIALIZER; /* one claimer at a time */
 
 void bigcache_init(void)
@@ -154,67 +154,118 @@ static large_hdr_t *front_put(large_hdr_t *h)
 
 /* ---- The rings ---- */
 
+/* The rings grow while they hold less than the program's peak of live
+ * large blocks over the last second, or less than the floor. Their
+ * blocks stay resident until the purge delay, and a ring may grow to 16
+ * blocks of up to 64 MiB: without the budget, one live buffer at a time
+ * of 1 to 64 MiB held 401 MiB of RSS, 127 with it (mimalloc 53, glibc 68,
+ * both at 16 times the time; docs/benchmarks.md, session 39). The peak,
+ * not the live bytes now: a site that frees a batch of 20 buffers and
+ * takes them again has none live when it frees the last. */
+#define BIGCACHE_GROWTH_FLOOR ((size_t)32 << 20)
+#define LIVE_PEAK_WINDOW_MS 1000
+
+static _Atomic size_t live_peak;        /* bytes of live large blocks, the most seen */
+static _Atomic uint64_t live_peak_ms;   /* since then */
+
+/* Note the bytes of the live large blocks at a free, the freed one
+ * included: the mappings BigCache does not hold but for the block the
+ * free displaced from the thread's front (the other threads' fronts count
+ * as live). */
+static void live_peak_note(const large_hdr_t *displaced, uint64_t now)
+{
+    size_t held = atomic_load_explicit(&cached_bytes, memory_order_relaxed) + (displaced ? displaced->map_size : 0);
+    size_t mapped = atomic_load_explicit(&hak_large_mapped, memory_order_relaxed);
+    size_t live = mapped > held ? mapped - held : 0;
+    if (live >= atomic_load_explicit(&live_peak, memory_order_relaxed) ||
+        now >= atomic_load_explicit(&live_peak_ms, memory_order_relaxed) + LIVE_PEAK_WINDOW_MS) {
+        atomic_store_explicit(&live_peak, live, memory_order_relaxed);
+        atomic_store_explicit(&live_peak_ms, now, memory_order_relaxed);
+    }
+}
+
+/* Whether a full ring takes one more block by growing rather than by
+ * evicting its oldest: that block is still warm (the ring is too small
+ * for the site), the ring may grow, and the rings are within their
+ * budget. */
+static bool ring_grows(const bigcache_site_t *e, uint64_t now)
+{
+    if (e->slots == BIGCACHE_MAX_SLOTS || now >= e->slot[0]->cached_at_ms + (uint64_t)hak_config.purge_delay_ms)
+        return false;
+    size_t peak = atomic_load_explicit(&live_peak, memory_order_relaxed);
+    return atomic_load_explicit(&cached_bytes, memory_order_relaxed) <=
+           (peak > BIGCACHE_GROWTH_FLOOR ? peak : BIGCACHE_GROWTH_FLOOR);
+}
+
+/* Take the ring's block at position i; the newer ones move down. */
+static large_hdr_t *ring_remove(bigcache_site_t *e, unsigned i)
+{
+    large_hdr_t *h = e->slot[i];
+    memmove(&e->slot[i], &e->slot[i + 1], (e->count - i - 1) * sizeof e->slot[0]);
+    e->slot[--e->count] = NULL;
+    return h;
+}
+
 /* A cached block of the site's own entry that fits size (see block_fits),
- * or NULL. */
-static large_hdr_t *ring_take(uintptr_t site, size_t size, uintptr_t misaligned)
+ * or NULL. Where none fits and the ring is full, the block the next put
+ * would evict (its oldest) is taken with *reshape set, for the caller to
+ * resize to size: a site whose sizes vary more than twofold (buffers of
+ * 1 to 8 MiB) otherwise maps a new block at each miss, every page of it
+ * faulting, and unmaps a cached one with its resident pages at the next
+ * put (docs/benchmarks.md, session 39). A ring that is not full keeps its
+ * blocks: a site that takes 8 MiB and 1 MiB by turns finds both. */
+static large_hdr_t *ring_take(uintptr_t site, size_t size, uintptr_t misaligned, bool *reshape)
 {
     bigcache_site_t *e = site_entry(site);
     large_hdr_t *found = NULL;
+    *reshape = false;
     pthread_mutex_lock(&e->lock);
-    if (e->site == site) {
-        unsigned slots = e->slots;
+    if (e->site == site && e->count) {
         /* newest first: the block most likely still resident */
-        for (unsigned k = 1; k <= slots && !found; k++) {
-            unsigned i = (e->next + slots - k) % slots;
-            large_hdr_t *h = e->slot[i];
-            if (h && block_fits(h, size, misaligned)) {
-                found = h;
-                e->slot[i] = NULL;
-            }
+        for (unsigned i = e->count; i-- > 0 && !found;)
+            if (block_fits(e->slot[i], size, misaligned))
+                found = ring_remove(e, i);
+        /* A move by mremap keeps the 2 MiB alignment, no larger one. */
+        if (!found && e->count == e->slots && misaligned < SS_SIZE && !((uintptr_t)e->slot[0]->user & misaligned) &&
+            !ring_grows(e, os_now_ms())) {
+            found = ring_remove(e, 0);
+            *reshape = true;
         }
     }
     pthread_mutex_unlock(&e->lock);
-    if (!found) {
+    if (!found || *reshape)
         atomic_fetch_add_explicit(&ring_misses, 1, memory_order_relaxed);
+    if (!found)
         return NULL;
-    }
-    atomic_fetch_add_explicit(&ring_hits, 1, memory_order_relaxed);
+    atomic_fetch_add_explicit(*reshape ? &ring_reshaped : &ring_hits, 1, memory_order_relaxed);
     atomic_fetch_sub_explicit(&cached_bytes, found->map_size, memory_order_relaxed);
     return found;
 }
 
-/* A block freed at h->cached_at_ms joins its site's ring; the oldest
- * block of a full ring is evicted. */
+/* A block freed at h->cached_at_ms joins its site's ring as the newest;
+ * a full ring grows by a slot while its oldest block is warm (the ring is
+ * too small for the site), else evicts that block. */
 static void ring_put(large_hdr_t *h)
 {
     bigcache_site_t *e = site_entry(h->site);
-    large_hdr_t *evicted[BIGCACHE_MAX_SLOTS + 1];
+    large_hdr_t *evicted[BIGCACHE_MAX_SLOTS];
     unsigned n_evicted = 0;
     uint64_t now = os_now_ms();
     atomic_fetch_add_explicit(&cached_bytes, h->map_size, memory_order_relaxed);
     pthread_mutex_lock(&e->lock);
     if (e->site != h->site || !e->slots) { /* the entry changes hands (or is new) */
-        for (unsigned i = 0; i < BIGCACHE_MAX_SLOTS; i++)
-            if (e->slot[i])
-                evicted[n_evicted++] = e->slot[i], e->slot[i] = NULL;
+        while (e->count)
+            evicted[n_evicted++] = ring_remove(e, e->count - 1);
         e->site = h->site;
         e->slots = (unsigned)hak_config.bigcache_slots;
-        e->next = 0;
     }
-    large_hdr_t *oldest = e->slot[e->next];
-    if (oldest && now < oldest->cached_at_ms + (uint64_t)hak_config.purge_delay_ms && e->slots < BIGCACHE_MAX_SLOTS) {
-        /* Still warm: the ring is too small for the site. One more slot,
-         * at the newest position (just before the oldest). */
-        memmove(&e->slot[e->next + 1], &e->slot[e->next], (e->slots - e->next) * sizeof e->slot[0]);
-        e->slots++;
-        e->slot[e->next] = h;
-        e->next++;
-    } else {
-        if (oldest)
-            evicted[n_evicted++] = oldest;
-        e->slot[e->next] = h;
-        e->next = (e->next + 1) % e->slots;
+    if (e->count == e->slots) {
+        if (ring_grows(e, now))
+            e->slots++;
+        else
+            evicted[n_evicted++] = ring_remove(e, 0);
     }
+    e->slot[e->count++] = h;
     pthread_mutex_unlock(&e->lock);
     for (unsigned i = 0; i < n_evicted; i++)
         unmap_block(evicted[i]);
@@ -223,14 +274,16 @@ static void ring_put(large_hdr_t *h)
 /* ---- BigCache's entry points ---- */
 
 /* A cached block for site that fits size, aligned to align (0 for none),
- * or NULL: the thread's front first, then the site's ring. */
-large_hdr_t *bigcache_take(uintptr_t site, size_t size, size_t align)
+ * or NULL: the thread's front first, then the site's ring. With *reshape
+ * set, the block is the site's to resize to size (ring_take). */
+large_hdr_t *bigcache_take(uintptr_t site, size_t size, size_t align, bool *reshape)
 {
     uintptr_t misaligned = align ? align - 1 : 0;
+    *reshape = false;
     if (!site_count())
         return NULL;
     large_hdr_t *h = front_take(site, size, misaligned);
-    return h ? h : ring_take(site, size, misaligned);
+    return h ? h : ring_take(site, size, misaligned, reshape);
 }
 
 /* Keep a freed block for its site; false if it is not cacheable (the
@@ -243,6 +296,7 @@ bool bigcache_put(large_hdr_t *h)
     h->cached_at_ms = os_now_ms();
     h->purged = 0;
     large_hdr_t *displaced = front_put(h);
+    live_peak_note(displaced, h->cached_at_ms);
     if (displaced)
         ring_put(displaced);
     purger_notify();
@@ -317,17 +371,13 @@ uint64_t bigcache_collect(bool unmap)
         large_hdr_t *evicted[BIGCACHE_MAX_SLOTS];
         unsigned n_evicted = 0;
         pthread_mutex_lock(&e->lock);
-        for (unsigned i = 0; i < BIGCACHE_MAX_SLOTS; i++) {
-            if (!e->slot[i])
-                continue;
-            if (unmap) {
-                evicted[n_evicted++] = e->slot[i], e->slot[i] = NULL;
-                continue;
-            }
-            next_due = due_earlier(next_due, purge_if_due(e->slot[i], now));
+        if (unmap) { /* a grown ring starts over */
+            while (e->count)
+                evicted[n_evicted++] = ring_remove(e, e->count - 1);
+            e->slots = (unsigned)hak_config.bigcache_slots;
         }
-        if (unmap) /* a grown ring starts over */
-            e->slots = (unsigned)hak_config.bigcache_slots, e->next = 0;
+        for (unsigned i = 0; i < e->count; i++)
+            next_due = due_earlier(next_due, purge_if_due(e->slot[i], now));
         pthread_mutex_unlock(&e->lock);
         for (unsigned i = 0; i < n_evicted; i++)
             unmap_block(evicted[i]);
@@ -343,12 +393,13 @@ size_t bigcache_bytes(void)
     return bytes;
 }
 
-void bigcache_counts(uint64_t *hits, uint64_t *misses)
+void bigcache_counts(uint64_t *hits, uint64_t *misses, uint64_t *reshaped)
 {
     *hits = atomic_load_explicit(&ring_hits, memory_order_relaxed);
     for (heap_t *heap = heaps_all(); heap; heap = heap->next_all)
         *hits += atomic_load_explicit(&heap->bigcache_front.hits, memory_order_relaxed);
     *misses = atomic_load_explicit(&ring_misses, memory_order_relaxed);
+    *reshaped = atomic_load_explicit(&ring_reshaped, memory_order_relaxed);
 }
 
 /* fork: no lock may be held across it, and the child's cache stays valid.

@@ -708,6 +708,7 @@ typedef struct large_hdr {
 
 extern _Atomic uint64_t hak_large_allocs;
 extern _Atomic uint64_t hak_large_huge;
+extern _Atomic size_t hak_large_mapped;
 
 void *large_alloc(size_t size, size_t align, uintptr_t site);
 void *large_alloc_zeroed(size_t size, uintptr_t site);
@@ -720,12 +721,12 @@ large_hdr_t *large_header_of(const void *p);
 /* ---- BigCache (bigcache.c) --------------------------------------------- */
 
 void bigcache_init(void);
-large_hdr_t *bigcache_take(uintptr_t site, size_t size, size_t align);
+large_hdr_t *bigcache_take(uintptr_t site, size_t size, size_t align, bool *reshape);
 bool bigcache_put(large_hdr_t *h);
 void bigcache_thread_exit(void); /* before the thread's heap is orphaned */
 uint64_t bigcache_collect(bool unmap);
 size_t bigcache_bytes(void);
-void bigcache_counts(uint64_t *hits, uint64_t *misses);
+void bigcache_counts(uint64_t *hits, uint64_t *misses, uint64_t *reshaped);
 void bigcache_fork_prepare(void);
 void bigcache_fork_parent(void);
 void bigcache_fork_child(void);

@@ -14,6 +14,7 @@
 
 _Atomic uint64_t hak_large_allocs;
 _Atomic uint64_t hak_large_huge;
+_Atomic size_t hak_large_mapped; /* bytes of the large mappings, cached ones too */
 
 static size_t page_round(size_t n)
 {
@@ -55,19 +56,20 @@ static void large_back(large_hdr_t *h, char *from)
 }
 
 /* A block handed out: charged to its site (every large call is
- * recorded), given the site's rules, and backed as they say if its pages
- * are not resident. start: the clock when the call began if it is timed
- * (large_call_start), else 0. */
-static void *large_born(large_hdr_t *h, size_t size, uintptr_t site, bool fresh, bool cache_hit, uint64_t start)
+ * recorded), given the site's rules, and backed as they say where its
+ * pages are not resident: from unbacked on (h->user for a new or purged
+ * block, NULL where all are). start: the clock when the call began if it
+ * is timed (large_call_start), else 0. */
+static void *large_born(large_hdr_t *h, size_t size, uintptr_t site, char *unbacked, bool cache_hit, uint64_t start)
 {
     h->size = size;
     h->born_size = size;
-    h->fresh = fresh;
+    h->fresh = unbacked == h->user;
     h->site_rules = 0;
     if (hak_config.profile)
         h->site_index = site_record_large(site, size, cache_hit, &h->site_rules);
-    if (fresh)
-        large_back(h, h->user);
+    if (unbacked)
+        large_back(h, unbacked);
     h->born = start ? hak_ticks() : 0;
     if (start) {
         kpi_record_latency(h->born - start, KPI_LARGE_TIMING);
@@ -85,17 +87,32 @@ static uint64_t large_call_start(void)
     return hak_ticks();
 }
 
+static large_hdr_t *large_resize(large_hdr_t *h, size_t size);
+
 /* A block BigCache kept for site, aligned to align (0 for none), or NULL.
  * *stale tells whether it may hold old contents: not if its pages were
- * purged with MADV_DONTNEED (they read back as zero). */
+ * purged with MADV_DONTNEED (they read back as zero). A block BigCache
+ * hands over for reshaping is resized to size first; where that fails,
+ * it is unmapped and the caller maps a new one. */
 static void *large_reuse(size_t size, size_t align, uintptr_t site, bool *stale, uint64_t start)
 {
-    large_hdr_t *h = bigcache_take(site, size, align);
+    bool reshape;
+    large_hdr_t *h = bigcache_take(site, size, align, &reshape);
     if (!h)
         return NULL;
+    size_t old_usable = h->usable;
+    if (reshape) {
+        large_hdr_t *resized = large_resize(h, size);
+        if (!resized) {
+            large_unmap(h);
+            return NULL;
+        }
+        h = resized;
+    }
     h->magic = LARGE_MAGIC;
     *stale = !(h->purged && os_purged_pages_read_zero());
-    return large_born(h, size, site, h->purged, true, start);
+    char *unbacked = h->purged ? h->user : h->usable > old_usable ? h->user + old_usable : NULL;
+    return large_born(h, size, site, unbacked, true, start);
 }
 
 static void *large_map(size_t size, size_t align, uintptr_t site, uint64_t start);
@@ -181,7 +198,8 @@ static void *large_map(size_t size, size_t align, uintptr_t site, uint64_t start
     guard_set(h, true);
     large_mark(h);
     atomic_fetch_add_explicit(&hak_large_allocs, 1, memory_order_relaxed);
-    return large_born(h, size, site, true, false, start);
+    atomic_fetch_add_explicit(&hak_large_mapped, map_size, memory_order_relaxed);
+    return large_born(h, size, site, h->user, false, start);
 }
 
 /* The header of the large mapping that contains p, or NULL. */
@@ -225,6 +243,7 @@ void large_unmap(large_hdr_t *h)
     h->magic = 0;
     large_unmark(h);
     os_unmap(base, size);
+    atomic_fetch_sub_explicit(&hak_large_mapped, size, memory_order_relaxed);
 }
 
 /* The site learns the block's lifetime and, while its rules are being
@@ -273,28 +292,21 @@ static void large_resized(large_hdr_t *h, size_t size)
     h->size = size;
 }
 
-/* Grow or shrink in place when the mapping allows, else move the pages
- * with mremap: the contents are never copied. */
-void *large_realloc(void *p, size_t size)
+/* The mapping of h resized for a block of size: the tail unmapped, or
+ * the mapping grown in place or moved with mremap, its pages (resident
+ * ones too) going with it: the contents are never copied. Returns the
+ * header, where the mapping now starts, or NULL with errno ENOMEM and h
+ * unchanged. */
+static large_hdr_t *large_resize(large_hdr_t *h, size_t size)
 {
-    large_hdr_t *h = large_header_checked(p, "realloc");
-    if (!h) {
-        errno = EINVAL;
-        return NULL;
-    }
     size_t page = os_page_size(), colour = (size_t)(h->user - h->map_base) - page;
     if (size > SIZE_MAX - page - SS_SIZE) {
         errno = ENOMEM;
         return NULL;
     }
     size_t new_map = page + page_round(colour + size) + guard_size();
-    /* In place where the mapping is the size's, or where the block grows
-     * into its own slack: BigCache hands a buffer that grew the block
-     * before it to the next buffer of its site (bigcache.c). */
-    if (new_map == h->map_size || (size >= h->size && size <= h->usable)) {
-        large_resized(h, size);
-        return p;
-    }
+    if (new_map == h->map_size)
+        return h;
     char *base = h->map_base;
     size_t old_map = h->map_size;
     guard_set(h, false); /* the mapping is one range again for mremap */
@@ -316,12 +328,35 @@ void *large_realloc(void *p, size_t size)
         base = moved;
         h = (large_hdr_t *)base;
     }
-    size_t old_usable = h->usable;
+    atomic_fetch_add_explicit(&hak_large_mapped, new_map - old_map, memory_order_relaxed); /* modulo 2^64 */
     large_place(h, base, new_map, colour);
     guard_set(h, true);
     large_mark(h);
+    return h;
+}
+
+/* Grow or shrink in place when the mapping allows, else move the pages
+ * (large_resize). */
+void *large_realloc(void *p, size_t size)
+{
+    large_hdr_t *h = large_header_checked(p, "realloc");
+    if (!h) {
+        errno = EINVAL;
+        return NULL;
+    }
+    /* In place where the block grows into its own slack: BigCache hands
+     * a buffer that grew the block before it to the next buffer of its
+     * site (bigcache.c). */
+    if (size >= h->size && size <= h->usable) {
+        large_resized(h, size);
+        return p;
+    }
+    size_t old_usable = h->usable;
+    h = large_resize(h, size);
+    if (!h)
+        return NULL;
     large_resized(h, size);
-    if (new_map > old_map)
+    if (h->usable > old_usable)
         large_back(h, h->user + old_usable);
     return h->user;
 }

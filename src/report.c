@@ -110,9 +110,10 @@ static void print_memory(FILE *out, const hak_stats_t *s)
     fprintf(out, "  large         %10llu blocks mapped, %llu with huge pages\n", (unsigned long long)s->large_allocs,
             (unsigned long long)s->large_huge);
     uint64_t lookups = s->bigcache_hits + s->bigcache_misses;
-    fprintf(out, "  bigcache      %10llu hits, %llu misses (%.1f%% hit rate), %.2f MiB held\n",
+    fprintf(out, "  bigcache      %10llu hits, %llu misses (%.1f%% hit rate; %llu resized a cached block), %.2f MiB held\n",
             (unsigned long long)s->bigcache_hits, (unsigned long long)s->bigcache_misses,
-            lookups ? 100.0 * (double)s->bigcache_hits / (double)lookups : 0.0, mib(s->bigcache_bytes));
+            lookups ? 100.0 * (double)s->bigcache_hits / (double)lookups : 0.0,
+            (unsigned long long)s->bigcache_reshaped, mib(s->bigcache_bytes));
     fprintf(out, "  slab refills  %10llu\n", (unsigned long long)s->slab_refills);
     fprintf(out, "  heaps         %10zu live, %zu orphaned\n", s->heaps_live, s->heaps_orphaned);
 }
@@ -247,12 +248,12 @@ HAK_EXPORT void hak_stats_print_json(FILE *out)
                  "\"superslabs_empty\":%zu,\"tiny_slabs\":%zu,\"mid_slabs\":%zu,\"tiny_bytes\":%zu,\"mid_bytes\":%zu,"
                  "\"arenas\":%zu,\"arena_bytes\":%zu,\"arena_free_bytes\":%zu,\"arena_dirty_bytes\":%zu,"
                  "\"large_allocs\":%llu,\"large_huge\":%llu,\"bigcache_hits\":%llu,\"bigcache_misses\":%llu,"
-                 "\"bigcache_bytes\":%zu,\"slab_refills\":%llu,\"heaps_live\":%zu,\"heaps_orphaned\":%zu},",
+                 "\"bigcache_reshaped\":%llu,\"bigcache_bytes\":%zu,\"slab_refills\":%llu,\"heaps_live\":%zu,\"heaps_orphaned\":%zu},",
             HAKMEM_VERSION, s->hardened ? "true" : "false", s->mapped_bytes, s->mapped_peak, s->superslabs, s->superslabs_empty, s->tiny_slabs,
             s->mid_slabs, s->tiny_bytes, s->mid_bytes, s->arenas, s->arena_bytes, s->arena_free_bytes,
             s->arena_dirty_bytes, (unsigned long long)s->large_allocs, (unsigned long long)s->large_huge,
-            (unsigned long long)s->bigcache_hits, (unsigned long long)s->bigcache_misses, s->bigcache_bytes,
-            (unsigned long long)s->slab_refills, s->heaps_live, s->heaps_orphaned);
+            (unsigned long long)s->bigcache_hits, (unsigned long long)s->bigcache_misses,
+            (unsigned long long)s->bigcache_reshaped, s->bigcache_bytes, (unsigned long long)s->slab_refills, s->heaps_live, s->heaps_orphaned);
     fprintf(out, "\"kpi\":{\"rss_bytes\":%zu,\"rss_peak_bytes\":%zu,\"page_faults_minor\":%llu,"
                  "\"page_faults_major\":%llu,\"latency_samples\":%llu,\"latency_mean_ns\":%.1f,\"latency_p50_ns\":%.1f,"
                  "\"latency_p95_ns\":%.1f,\"latency_p99_ns\":%.1f},",

@@ -28,7 +28,7 @@ static void stats_fill(hak_stats_t *out)
     heaps_totals(&out->heaps_live, &out->heaps_orphaned, &out->slab_refills, counters);
     out->large_allocs = atomic_load(&hak_large_allocs);
     out->large_huge = atomic_load(&hak_large_huge);
-    bigcache_counts(&out->bigcache_hits, &out->bigcache_misses);
+    bigcache_counts(&out->bigcache_hits, &out->bigcache_misses, &out->bigcache_reshaped);
     out->bigcache_bytes = bigcache_bytes();
     out->rss_bytes = os_rss_bytes();
     os_page_faults(&out->page_faults_minor, &out->page_faults_major);

@@ -188,6 +188,108 @@ static void test_ring_evicts_cold(void)
     CHECK(stats().bigcache_bytes == 0);
 }
 
+/* Sizes whose blocks do not fit each other's: 1.1, 2.4, 5.3, 11.7 and
+ * 25.8 MiB (each more than twice the one before). */
+static size_t unfit_size(int i)
+{
+    double mib = 1.1;
+    while (i-- > 0)
+        mib *= 2.2;
+    return (size_t)(mib * (double)MiB);
+}
+
+/* A ring keeps every block it has room for. It was a circular buffer
+ * that put each block at its next position and evicted what was there,
+ * while the slots that takes had emptied stayed empty: a site of varied
+ * sizes kept 4 to 9 of its 16 slots filled and mapped a new block at one
+ * allocation in nine (docs/benchmarks.md, session 39). Here 4 cold blocks
+ * fill the ring, two are taken and one comes back: the oldest must stay. */
+static void test_ring_keeps_blocks(void)
+{
+    hak_collect(true);
+    char *block[4];
+    for (int i = 0; i < 4; i++)
+        block[i] = alloc_site_a(unfit_size(i));
+    for (int i = 0; i < 4; i++)
+        free(block[i]); /* the ring holds 0..2, the front 3 */
+    usleep(250 * 1000); /* past the 100 ms delay: the ring cannot grow */
+    hak_collect(false); /* the front's block, due, joins the ring */
+    hak_stats_t s0 = stats();
+    CHECK(alloc_site_a(unfit_size(3)) == block[3]);
+    CHECK(alloc_site_a(unfit_size(1)) == block[1]);
+    free(block[1]);
+    free(block[3]); /* 1 goes back to the ring, which holds 0 and 2 */
+    CHECK(alloc_site_a(unfit_size(0)) == block[0]);
+    CHECK(alloc_site_a(unfit_size(1)) == block[1]);
+    CHECK(alloc_site_a(unfit_size(2)) == block[2]);
+    CHECK(alloc_site_a(unfit_size(3)) == block[3]);
+    hak_stats_t s1 = stats();
+    CHECK(s1.large_allocs == s0.large_allocs);
+    CHECK(s1.bigcache_hits == s0.bigcache_hits + 6);
+    for (int i = 0; i < 4; i++)
+        free(block[i]);
+    hak_collect(true);
+}
+
+/* Where no cached block fits and the site's ring is full and cannot grow,
+ * the block the next free would evict is resized for the allocation:
+ * grown by mremap with its pages (resident ones stay so), or its tail
+ * unmapped; no new mapping either way. */
+static void test_reshape_when_full(void)
+{
+    hak_collect(true);
+    alloc_free_batch(5, 3 * MiB); /* the ring holds 4, the front 1 */
+    usleep(250 * 1000);
+    hak_collect(false); /* the front's block joins the ring, its oldest goes */
+    hak_stats_t s0 = stats();
+    char *grown = alloc_site_a(8 * MiB);
+    CHECK(grown != NULL && malloc_usable_size(grown) >= 8 * MiB);
+    memset(grown, 7, 8 * MiB);
+    hak_stats_t s1 = stats();
+    CHECK(s1.large_allocs == s0.large_allocs);
+    CHECK(s1.bigcache_reshaped == s0.bigcache_reshaped + 1);
+    CHECK(s1.bigcache_misses == s0.bigcache_misses + 1);
+    CHECK(s1.mapped_bytes >= s0.mapped_bytes + 5 * MiB);
+    free(grown);
+    usleep(250 * 1000);
+    hak_collect(false); /* and fills the ring again */
+    char *shrunk = alloc_site_a(MiB + 4096);
+    CHECK(shrunk != NULL && malloc_usable_size(shrunk) < 2 * MiB);
+    memset(shrunk, 8, MiB + 4096);
+    hak_stats_t s2 = stats();
+    CHECK(s2.large_allocs == s0.large_allocs);
+    CHECK(s2.bigcache_reshaped == s0.bigcache_reshaped + 2);
+    CHECK(s2.mapped_bytes + MiB < s1.mapped_bytes); /* the 3 MiB block's tail is gone */
+    free(shrunk);
+    hak_collect(true);
+    CHECK(stats().bigcache_bytes == 0);
+}
+
+/* The rings grow only while they hold no more than the program's recent
+ * peak of live large blocks (or 32 MiB): one live buffer at a time, of
+ * sizes from 1 to 64 MiB, used to fill a ring of 16 with up to 1 GiB of
+ * blocks (401 MiB of RSS on battle varied's loop with one live buffer). */
+static void test_ring_budget(void)
+{
+    hak_collect(true);
+    uint64_t rng = 1;
+    size_t most = 0;
+    for (int i = 0; i < 200; i++) {
+        rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+        size_t size = MiB + (size_t)(rng >> 33) % (63 * MiB);
+        char *p = alloc_site_a(size);
+        CHECK(p != NULL);
+        p[0] = 1;
+        free(p);
+        size_t held = stats().bigcache_bytes;
+        most = held > most ? held : most;
+    }
+    printf("ring budget: at most %.1f MiB cached\n", most / (double)MiB);
+    /* the budget (64 MiB), one block past it, the front's block */
+    CHECK(most <= 64 * MiB + 64 * MiB + 64 * MiB + 16 * 3 * 4096);
+    hak_collect(true);
+}
+
 /* Pages of a cached block go back to the OS once the purge delay (100 ms
  * by default) has passed, by the purger, with no call; the mapping stays. */
 static void test_purge_after_delay(void)
@@ -447,6 +549,9 @@ int main(void)
     test_grown_buffer_reused();
     test_ring_grows_while_warm();
     test_ring_evicts_cold();
+    test_ring_keeps_blocks();
+    test_reshape_when_full();
+    test_ring_budget();
     test_purge_after_delay();
     test_front_of_sleeping_thread();
     test_front_passed_on_at_exit();
