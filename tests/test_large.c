@@ -290,6 +290,60 @@ static void test_ring_budget(void)
     hak_collect(true);
 }
 
+/* Four threads replace buffers of 1 to 16 MiB from one site in a shared
+ * set of 24, and free, or shrink by realloc, what another thread took:
+ * reshaped blocks keep their contents' bounds and their usable size. */
+static _Atomic(unsigned char *) shared_buffers[24];
+static atomic_long buffers_bad;
+
+static void *replace_buffers(void *arg)
+{
+    uint64_t rng = (uintptr_t)arg * 0x9e3779b97f4a7c15ull + 1;
+    for (int i = 0; i < 1000; i++) {
+        rng ^= rng << 13, rng ^= rng >> 7, rng ^= rng << 17;
+        size_t size = MiB + (size_t)(rng >> 8) % (15 * MiB);
+        unsigned char *p = alloc_site_a(size);
+        if (!p || malloc_usable_size(p) < size) {
+            atomic_fetch_add(&buffers_bad, 1);
+            continue;
+        }
+        memcpy(p, &size, sizeof size);
+        memcpy(p + size - sizeof size, &size, sizeof size);
+        unsigned char *old = atomic_exchange(&shared_buffers[(rng >> 4) % 24], p);
+        if (!old)
+            continue;
+        size_t head, tail;
+        memcpy(&head, old, sizeof head);
+        memcpy(&tail, old + head - sizeof tail, sizeof tail);
+        if (head != tail)
+            atomic_fetch_add(&buffers_bad, 1);
+        if (!(rng & 7)) {
+            old = realloc(old, head / 2 + 1);
+            if (!old || memcmp(old, &head, sizeof head))
+                atomic_fetch_add(&buffers_bad, 1);
+        }
+        free(old);
+    }
+    return NULL;
+}
+
+static void test_reshape_under_threads(void)
+{
+    hak_collect(true);
+    uint64_t reshaped = stats().bigcache_reshaped;
+    pthread_t t[4];
+    for (uintptr_t i = 0; i < 4; i++)
+        CHECK(pthread_create(&t[i], NULL, replace_buffers, (void *)(i + 1)) == 0);
+    for (int i = 0; i < 4; i++)
+        pthread_join(t[i], NULL);
+    for (int i = 0; i < 24; i++)
+        free(atomic_exchange(&shared_buffers[i], NULL));
+    CHECK(atomic_load(&buffers_bad) == 0);
+    CHECK(stats().bigcache_reshaped > reshaped);
+    hak_collect(true);
+    CHECK(stats().bigcache_bytes == 0);
+}
+
 /* Pages of a cached block go back to the OS once the purge delay (100 ms
  * by default) has passed, by the purger, with no call; the mapping stays. */
 static void test_purge_after_delay(void)
@@ -552,6 +606,7 @@ int main(void)
     test_ring_keeps_blocks();
     test_reshape_when_full();
     test_ring_budget();
+    test_reshape_under_threads();
     test_purge_after_delay();
     test_front_of_sleeping_thread();
     test_front_passed_on_at_exit();
