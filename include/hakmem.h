@@ -95,6 +95,8 @@ typedef struct hak_stats {
     size_t arena_dirty_bytes;  /* free pages, or freed wilderness, that may be resident: awaiting a purge */
     uint64_t large_huge;       /* large blocks whose mapping asked for transparent huge pages (HAKMEM_HUGEPAGES) */
     uint64_t bigcache_reshaped; /* of the misses, those served by resizing a cached block the site's full ring would evict */
+    size_t large_blocks;       /* large blocks handed out and not yet freed */
+    size_t large_bytes;        /* their mappings' bytes (BigCache's not counted) */
 } hak_stats_t;
 
 /* Fill *out with a snapshot (figures of other threads may be a moment old).

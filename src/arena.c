@@ -124,8 +124,12 @@ typedef struct arena {
 #define ARENA_FIRST_PAGE ((uint32_t)ARENA_HEADER_PAGES)
 #define ARENA_COMMIT_PAGES ((uint32_t)(((size_t)2 << 20) / ARENA_PAGE)) /* commit 2 MiB at a time */
 /* A free that leaves more than HAKMEM_ARENA_TRIM of dirty wilderness
- * trims it to half that at once; the rest waits for the purger. */
-static inline uint32_t trim_pages(void) { return (uint32_t)(hak_config.arena_trim >> ARENA_PAGE_SHIFT); }
+ * trims it to half that at once; the rest waits for the purger. mallopt's
+ * M_TRIM_THRESHOLD may set it while other threads read it. */
+static inline uint32_t trim_pages(void)
+{
+    return (uint32_t)(__atomic_load_n(&hak_config.arena_trim, __ATOMIC_RELAXED) >> ARENA_PAGE_SHIFT);
+}
 
 typedef struct lane {
     _Atomic int lock;

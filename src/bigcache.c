@@ -385,12 +385,22 @@ uint64_t bigcache_collect(bool unmap)
     return next_due;
 }
 
-size_t bigcache_bytes(void)
+/* The blocks BigCache holds and their mappings' bytes (the statistics:
+ * the rings' counts under their locks, no counter on their paths). */
+void bigcache_held(size_t *blocks, size_t *bytes)
 {
-    size_t bytes = atomic_load_explicit(&cached_bytes, memory_order_relaxed);
-    for (heap_t *heap = heaps_all(); heap; heap = heap->next_all)
-        bytes += atomic_load_explicit(&heap->bigcache_front.bytes, memory_order_relaxed);
-    return bytes;
+    *blocks = 0;
+    *bytes = atomic_load_explicit(&cached_bytes, memory_order_relaxed);
+    for (unsigned i = 0; i < site_count(); i++) {
+        pthread_mutex_lock(&sites[i].lock);
+        *blocks += sites[i].count;
+        pthread_mutex_unlock(&sites[i].lock);
+    }
+    for (heap_t *heap = heaps_all(); heap; heap = heap->next_all) {
+        size_t front = atomic_load_explicit(&heap->bigcache_front.bytes, memory_order_relaxed);
+        *blocks += front != 0;
+        *bytes += front;
+    }
 }
 
 void bigcache_counts(uint64_t *hits, uint64_t *misses, uint64_t *reshaped)

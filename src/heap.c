@@ -712,7 +712,7 @@ static bool heap_refill(heap_t *heap, unsigned c)
  * json 15 ns per iteration). */
 static inline void heap_tick_tuner(const heap_t *heap)
 {
-    if (unlikely(hak_config.mode == MODE_EVOLVING) && !(heap->sample_left & 63))
+    if (unlikely(hak_evolving()) && !(heap->sample_left & 63))
         learn_tick();
 }
 

@@ -7,6 +7,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #define likely(x) __builtin_expect(!!(x), 1)
 #define unlikely(x) __builtin_expect(!!(x), 0)
@@ -391,7 +392,7 @@ enum { HAK_COUNTER_LIST(HAK_COUNTER_ENUM) HAK_COUNTER_COUNT };
 typedef struct bigcache_front {
     struct large_hdr *_Atomic block;
     _Atomic uint64_t since_ms; /* when block was freed (its cached_at_ms, readable by the claimer) */
-    _Atomic size_t bytes;      /* block's mapping size, 0 without one (bigcache_bytes) */
+    _Atomic size_t bytes;      /* block's mapping size, 0 without one (bigcache_held) */
     _Atomic uint64_t hits;     /* allocations it served */
     _Atomic bool busy;         /* the owner is inside a take or a put */
     _Atomic bool claimed;      /* a claimer is taking the block: the owner keeps off */
@@ -709,6 +710,7 @@ typedef struct large_hdr {
 extern _Atomic uint64_t hak_large_allocs;
 extern _Atomic uint64_t hak_large_huge;
 extern _Atomic size_t hak_large_mapped;
+extern _Atomic size_t hak_large_mappings;
 
 void *large_alloc(size_t size, size_t align, uintptr_t site);
 void *large_alloc_zeroed(size_t size, uintptr_t site);
@@ -725,7 +727,7 @@ large_hdr_t *bigcache_take(uintptr_t site, size_t size, size_t align, bool *resh
 bool bigcache_put(large_hdr_t *h);
 void bigcache_thread_exit(void); /* before the thread's heap is orphaned */
 uint64_t bigcache_collect(bool unmap);
-size_t bigcache_bytes(void);
+void bigcache_held(size_t *blocks, size_t *bytes);
 void bigcache_counts(uint64_t *hits, uint64_t *misses, uint64_t *reshaped);
 void bigcache_fork_prepare(void);
 void bigcache_fork_parent(void);
@@ -783,6 +785,10 @@ typedef struct hak_config {
 #define HAK_CONFIG_ALIGN 128
 extern _Alignas(HAK_CONFIG_ALIGN) hak_config_t hak_config;
 void options_init(void);
+size_t option_size_fit(const void *target, size_t value);
+
+/* mallopt may end evolving mode while other threads read it. */
+static inline bool hak_evolving(void) { return __atomic_load_n(&hak_config.mode, __ATOMIC_RELAXED) == MODE_EVOLVING; }
 
 /* The tuner moves the threshold while other threads read it. */
 static inline size_t hak_large_threshold(void)
@@ -882,11 +888,13 @@ int tuner_decide(tuner_t *t, int arm_ran, double reward, uint64_t now_ms);
 void learn_tick(void);
 void learn_snapshot(tuner_t *out);
 void learn_fork_child(void);
+void learn_pin_threshold(size_t threshold);
 
 /* A public struct (hakmem.h) of full_size bytes into a caller's copy of
  * size bytes: the fields both know, and zeros for those only the caller
  * has. The structs only grow at their end (stats.c). */
 void hak_copy_sized(void *out, size_t size, const void *full, size_t full_size);
+void report_xml(FILE *out); /* malloc_info's document (report.c) */
 
 /* ---- Process init (init.c) --------------------------------------------- */
 

@@ -14,7 +14,8 @@
 
 _Atomic uint64_t hak_large_allocs;
 _Atomic uint64_t hak_large_huge;
-_Atomic size_t hak_large_mapped; /* bytes of the large mappings, cached ones too */
+_Atomic size_t hak_large_mapped;   /* bytes of the large mappings, cached ones too */
+_Atomic size_t hak_large_mappings; /* and their number */
 
 static size_t page_round(size_t n)
 {
@@ -199,6 +200,7 @@ static void *large_map(size_t size, size_t align, uintptr_t site, uint64_t start
     large_mark(h);
     atomic_fetch_add_explicit(&hak_large_allocs, 1, memory_order_relaxed);
     atomic_fetch_add_explicit(&hak_large_mapped, map_size, memory_order_relaxed);
+    atomic_fetch_add_explicit(&hak_large_mappings, 1, memory_order_relaxed);
     return large_born(h, size, site, h->user, false, start);
 }
 
@@ -244,6 +246,7 @@ void large_unmap(large_hdr_t *h)
     large_unmark(h);
     os_unmap(base, size);
     atomic_fetch_sub_explicit(&hak_large_mapped, size, memory_order_relaxed);
+    atomic_fetch_sub_explicit(&hak_large_mappings, 1, memory_order_relaxed);
 }
 
 /* The site learns the block's lifetime and, while its rules are being

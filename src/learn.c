@@ -244,7 +244,7 @@ static void window_close(uint64_t now)
  * window when due. */
 void learn_tick(void)
 {
-    if (hak_config.mode != MODE_EVOLVING)
+    if (!hak_evolving())
         return;
     uint64_t end = atomic_load_explicit(&window_end_ms, memory_order_relaxed);
     uint64_t now = os_now_ms();
@@ -252,6 +252,10 @@ void learn_tick(void)
         return;
     if (pthread_mutex_trylock(&learn_lock) != 0)
         return;
+    if (!hak_evolving()) { /* pinned since (learn_pin_threshold) */
+        pthread_mutex_unlock(&learn_lock);
+        return;
+    }
     end = atomic_load_explicit(&window_end_ms, memory_order_relaxed);
     if (!end) {
         uint64_t seed = hak_config.tune_seed ? (uint64_t)hak_config.tune_seed : os_now_ns();
@@ -262,6 +266,18 @@ void learn_tick(void)
     } else if (now >= end) {
         window_close(now);
     }
+    pthread_mutex_unlock(&learn_lock);
+}
+
+/* The program set the threshold (mallopt's M_MMAP_THRESHOLD): it stays
+ * there, and the tuner stops, as glibc stops moving its own threshold.
+ * Under the lock, so that a window closing now cannot move it after. */
+void learn_pin_threshold(size_t threshold)
+{
+    pthread_mutex_lock(&learn_lock);
+    __atomic_store_n(&hak_config.mode, MODE_BASELINE, __ATOMIC_RELAXED);
+    __atomic_store_n(&hak_config.large_threshold, threshold, __ATOMIC_RELAXED);
+    tuner.current = arm_of_threshold(threshold);
     pthread_mutex_unlock(&learn_lock);
 }
 

@@ -210,6 +210,27 @@ static void option_parse(const option_t *o, const char *value)
     }
 }
 
+/* A size set while the program runs (mallopt) for the option whose
+ * target is target: rounded up to a power of two and brought into the
+ * option's range, the nearest value its variable would have accepted. */
+size_t option_size_fit(const void *target, size_t value)
+{
+    for (size_t i = 0; i < OPTION_COUNT; i++) {
+        const option_t *o = &options[i];
+        if (o->target != target || o->type != OPT_SIZE)
+            continue;
+        if (value < (size_t)o->min)
+            return (size_t)o->min;
+        if (value >= (size_t)o->max)
+            return (size_t)o->max;
+        size_t fit = 1;
+        while (fit < value)
+            fit <<= 1;
+        return value ? fit : 0;
+    }
+    hak_assert_fail("option_size_fit: not a size option", __FILE__, __LINE__);
+}
+
 #ifdef HAKMEM_DEBUG
 /* The value hak_config starts with is the one the table documents (two
  * places to write a default: nothing else compares them). */

@@ -118,15 +118,22 @@ HAK_EXPORT int malloc_trim(size_t pad)
     return os_rss_bytes() < before; /* 1 if memory went back to the OS */
 }
 
+/* glibc's fields as they map onto hakmem: its own mappings (hblks,
+ * hblkhd) are the large blocks in use; arena is the rest of what hakmem
+ * has mapped, the slabs', the page arenas' and BigCache's, of which
+ * uordblks is handed out and fordblks free or held; usmblks is the peak
+ * of all that was mapped. */
 HAK_EXPORT struct mallinfo2 mallinfo2(void)
 {
     hak_stats_t s;
     hak_stats_get(&s);
     struct mallinfo2 mi;
     memset(&mi, 0, sizeof mi);
-    mi.arena = s.mapped_bytes;
+    mi.hblks = s.large_blocks;
+    mi.hblkhd = s.large_bytes;
+    mi.arena = s.mapped_bytes > s.large_bytes ? s.mapped_bytes - s.large_bytes : 0;
     mi.uordblks = s.tiny_bytes + s.mid_bytes + s.arena_bytes;
-    mi.fordblks = s.mapped_bytes > mi.uordblks ? s.mapped_bytes - mi.uordblks : 0;
+    mi.fordblks = mi.arena > mi.uordblks ? mi.arena - mi.uordblks : 0;
     mi.usmblks = s.mapped_peak;
     return mi;
 }
@@ -141,6 +148,8 @@ HAK_EXPORT struct mallinfo mallinfo(void)
     struct mallinfo mi;
     memset(&mi, 0, sizeof mi);
     mi.arena = clamped_to_int(wide.arena);
+    mi.hblks = clamped_to_int(wide.hblks);
+    mi.hblkhd = clamped_to_int(wide.hblkhd);
     mi.uordblks = clamped_to_int(wide.uordblks);
     mi.fordblks = clamped_to_int(wide.fordblks);
     mi.usmblks = clamped_to_int(wide.usmblks);
@@ -149,6 +158,54 @@ HAK_EXPORT struct mallinfo mallinfo(void)
 
 /* glibc prints its arenas' figures to stderr; this is hakmem's report. */
 HAK_EXPORT void malloc_stats(void) { hak_stats_print(stderr); }
+
+/* glibc's XML, with hakmem's figures where glibc has the element (the
+ * mappings in <total type="mmap">, <system>, <aspace>) and hakmem's tiers
+ * beside them (report.c). */
+HAK_EXPORT int malloc_info(int options, FILE *out)
+{
+    if (options != 0 || !out) {
+        errno = EINVAL;
+        return -1;
+    }
+    report_xml(out);
+    return 0;
+}
+
+/* glibc's tuning parameters, as far as hakmem has them. M_TRIM_THRESHOLD
+ * is HAKMEM_ARENA_TRIM's and M_MMAP_THRESHOLD HAKMEM_LARGE_THRESHOLD's,
+ * each taken as the nearest value its variable accepts; a threshold set
+ * so also stops the tuner (HAKMEM_MODE=evolving), as it stops glibc's own
+ * moving threshold. glibc's other parameters tune what hakmem has not
+ * (arenas shared by threads, fastbins, a heap top, M_PERTURB's fill) and
+ * are accepted without effect, as glibc accepts them; an unknown one is
+ * refused with 0, as glibc refuses it. docs/options.md. */
+HAK_EXPORT int mallopt(int param, int value)
+{
+    hak_ensure_init(); /* or the environment's options would overwrite it */
+    switch (param) {
+    case M_TRIM_THRESHOLD: {
+        size_t trim = value < 0 ? SIZE_MAX : (size_t)value; /* glibc's cast: negative keeps all */
+        __atomic_store_n(&hak_config.arena_trim, option_size_fit(&hak_config.arena_trim, trim), __ATOMIC_RELAXED);
+        return 1;
+    }
+    case M_MMAP_THRESHOLD:
+        if (value < 0)
+            return 0; /* glibc refuses what exceeds its maximum */
+        learn_pin_threshold(option_size_fit(&hak_config.large_threshold, (size_t)value));
+        return 1;
+    case M_MXFAST:
+    case M_TOP_PAD:
+    case M_MMAP_MAX:
+    case M_CHECK_ACTION:
+    case M_PERTURB:
+    case M_ARENA_TEST:
+    case M_ARENA_MAX:
+        return 1;
+    default:
+        return 0;
+    }
+}
 
 /* glibc's other names for the family, which some programs and preloaded
  * tools call directly (__libc_malloc...), and cfree, which binaries built

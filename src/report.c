@@ -1,7 +1,8 @@
 /* The report: memory per tier, RSS and page faults, latency percentiles,
  * the tuner's arms, the top call sites by bytes and by count (named with
  * dladdr) and the site rules; as text (hak_stats_print, HAKMEM_STATS=1)
- * or as one JSON object (hak_stats_print_json, HAKMEM_STATS=json). */
+ * or as one JSON object (hak_stats_print_json, HAKMEM_STATS=json); and
+ * the memory alone as glibc's malloc_info document. */
 #define _GNU_SOURCE
 #include "internal.h"
 #include "hakmem.h"
@@ -107,8 +108,8 @@ static void print_memory(FILE *out, const hak_stats_t *s)
     fprintf(out, "  mid           %10zu slabs, %10.2f MiB in blocks\n", s->mid_slabs, mib(s->mid_bytes));
     fprintf(out, "  page arenas   %10zu, %10.2f MiB in blocks, %.2f MiB free (%.2f MiB awaiting a purge)\n", s->arenas,
             mib(s->arena_bytes), mib(s->arena_free_bytes), mib(s->arena_dirty_bytes));
-    fprintf(out, "  large         %10llu blocks mapped, %llu with huge pages\n", (unsigned long long)s->large_allocs,
-            (unsigned long long)s->large_huge);
+    fprintf(out, "  large         %10zu blocks in use, %10.2f MiB mapped; %llu ever mapped, %llu with huge pages\n",
+            s->large_blocks, mib(s->large_bytes), (unsigned long long)s->large_allocs, (unsigned long long)s->large_huge);
     uint64_t lookups = s->bigcache_hits + s->bigcache_misses;
     fprintf(out, "  bigcache      %10llu hits, %llu misses (%.1f%% hit rate; %llu resized a cached block), %.2f MiB held\n",
             (unsigned long long)s->bigcache_hits, (unsigned long long)s->bigcache_misses,
@@ -134,8 +135,8 @@ static void print_kpi(FILE *out, const hak_kpi_t *k)
 static void print_tuner(FILE *out, const tuner_t *t)
 {
     fprintf(out, "  policy        %s, large threshold %zu KiB\n",
-            hak_config.mode == MODE_EVOLVING ? "evolving" : "baseline", tuner_arm_threshold[t->current] >> 10);
-    if (hak_config.mode != MODE_EVOLVING)
+            hak_evolving() ? "evolving" : "baseline", tuner_arm_threshold[t->current] >> 10);
+    if (!hak_evolving())
         return;
     fprintf(out, "  tuner         %llu windows, %llu moves; arms (threshold: windows, mean reward):\n",
             (unsigned long long)t->windows, (unsigned long long)t->moves);
@@ -247,11 +248,11 @@ HAK_EXPORT void hak_stats_print_json(FILE *out)
     fprintf(out, "{\"version\":\"%s\",\"hardened\":%s,\"memory\":{\"mapped_bytes\":%zu,\"mapped_peak\":%zu,\"superslabs\":%zu,"
                  "\"superslabs_empty\":%zu,\"tiny_slabs\":%zu,\"mid_slabs\":%zu,\"tiny_bytes\":%zu,\"mid_bytes\":%zu,"
                  "\"arenas\":%zu,\"arena_bytes\":%zu,\"arena_free_bytes\":%zu,\"arena_dirty_bytes\":%zu,"
-                 "\"large_allocs\":%llu,\"large_huge\":%llu,\"bigcache_hits\":%llu,\"bigcache_misses\":%llu,"
+                 "\"large_blocks\":%zu,\"large_bytes\":%zu,\"large_allocs\":%llu,\"large_huge\":%llu,\"bigcache_hits\":%llu,\"bigcache_misses\":%llu,"
                  "\"bigcache_reshaped\":%llu,\"bigcache_bytes\":%zu,\"slab_refills\":%llu,\"heaps_live\":%zu,\"heaps_orphaned\":%zu},",
             HAKMEM_VERSION, s->hardened ? "true" : "false", s->mapped_bytes, s->mapped_peak, s->superslabs, s->superslabs_empty, s->tiny_slabs,
             s->mid_slabs, s->tiny_bytes, s->mid_bytes, s->arenas, s->arena_bytes, s->arena_free_bytes,
-            s->arena_dirty_bytes, (unsigned long long)s->large_allocs, (unsigned long long)s->large_huge,
+            s->arena_dirty_bytes, s->large_blocks, s->large_bytes, (unsigned long long)s->large_allocs, (unsigned long long)s->large_huge,
             (unsigned long long)s->bigcache_hits, (unsigned long long)s->bigcache_misses,
             (unsigned long long)s->bigcache_reshaped, s->bigcache_bytes, (unsigned long long)s->slab_refills, s->heaps_live, s->heaps_orphaned);
     fprintf(out, "\"kpi\":{\"rss_bytes\":%zu,\"rss_peak_bytes\":%zu,\"page_faults_minor\":%llu,"
@@ -262,7 +263,7 @@ HAK_EXPORT void hak_stats_print_json(FILE *out)
             k->latency_p50_ns, k->latency_p95_ns, k->latency_p99_ns);
     const tuner_t *t = &r.tuner;
     fprintf(out, "\"policy\":{\"mode\":\"%s\",\"large_threshold\":%zu,\"windows\":%llu,\"moves\":%llu,\"arms\":[",
-            hak_config.mode == MODE_EVOLVING ? "evolving" : "baseline", tuner_arm_threshold[t->current],
+            hak_evolving() ? "evolving" : "baseline", tuner_arm_threshold[t->current],
             (unsigned long long)t->windows, (unsigned long long)t->moves);
     for (int a = 0; a < TUNER_ARMS; a++)
         fprintf(out, "%s{\"threshold\":%zu,\"windows\":%llu,\"mean_reward\":%.4f}", a ? "," : "",
@@ -275,6 +276,30 @@ HAK_EXPORT void hak_stats_print_json(FILE *out)
     }
     fprintf(out, "]}\n");
     free(r.sites);
+}
+
+/* malloc_info's document: glibc's root and the elements glibc has, with
+ * hakmem's figures (<total type="mmap">: the large blocks in use, each in
+ * its own mapping; <system>: what hakmem has mapped now and at most;
+ * <aspace>: the same address space), then a <total> for each of hakmem's
+ * tiers and BigCache, and the resident set. A reader of glibc's document
+ * finds what it looks for; no <heap> elements, as hakmem has no arenas
+ * shared by threads. */
+void report_xml(FILE *out)
+{
+    hak_stats_t s;
+    hak_stats_get(&s);
+    fprintf(out, "<malloc version=\"1\">\n<allocator name=\"hakmem\" version=\"%s\" hardened=\"%d\"/>\n",
+            HAKMEM_VERSION, s.hardened);
+    fprintf(out, "<total type=\"mmap\" count=\"%zu\" size=\"%zu\"/>\n", s.large_blocks, s.large_bytes);
+    fprintf(out, "<total type=\"tiny\" slabs=\"%zu\" size=\"%zu\"/>\n", s.tiny_slabs, s.tiny_bytes);
+    fprintf(out, "<total type=\"mid\" slabs=\"%zu\" size=\"%zu\"/>\n", s.mid_slabs, s.mid_bytes);
+    fprintf(out, "<total type=\"arena\" arenas=\"%zu\" size=\"%zu\" free=\"%zu\" dirty=\"%zu\"/>\n", s.arenas,
+            s.arena_bytes, s.arena_free_bytes, s.arena_dirty_bytes);
+    fprintf(out, "<total type=\"bigcache\" size=\"%zu\"/>\n", s.bigcache_bytes);
+    fprintf(out, "<system type=\"current\" size=\"%zu\"/>\n<system type=\"max\" size=\"%zu\"/>\n", s.mapped_bytes,
+            s.mapped_peak);
+    fprintf(out, "<aspace type=\"total\" size=\"%zu\"/>\n<rss size=\"%zu\"/>\n</malloc>\n", s.mapped_bytes, s.rss_bytes);
 }
 
 /* ---- at exit ----------------------------------------------------------------- */

@@ -29,7 +29,13 @@ static void stats_fill(hak_stats_t *out)
     out->large_allocs = atomic_load(&hak_large_allocs);
     out->large_huge = atomic_load(&hak_large_huge);
     bigcache_counts(&out->bigcache_hits, &out->bigcache_misses, &out->bigcache_reshaped);
-    out->bigcache_bytes = bigcache_bytes();
+    size_t cached_blocks;
+    bigcache_held(&cached_blocks, &out->bigcache_bytes);
+    /* Each counter is read on its own while other threads map and free:
+     * a difference that came out below zero is taken as none. */
+    size_t mappings = atomic_load(&hak_large_mappings), mapped = atomic_load(&hak_large_mapped);
+    out->large_blocks = mappings > cached_blocks ? mappings - cached_blocks : 0;
+    out->large_bytes = mapped > out->bigcache_bytes ? mapped - out->bigcache_bytes : 0;
     out->rss_bytes = os_rss_bytes();
     os_page_faults(&out->page_faults_minor, &out->page_faults_major);
     out->large_threshold = hak_large_threshold();

@@ -5,12 +5,15 @@
 #include "check.h"
 
 #include <dlfcn.h>
+#include <errno.h>
 #include <malloc.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+
+#include "hakmem.h" /* hak_stats_t only: the library is found with dlsym */
 
 /* glibc's other names for the family: no header declares them. */
 void *__libc_malloc(size_t size);
@@ -81,6 +84,92 @@ static void check_glibc_reports(void)
     CHECK(strncmp(text, "hakmem ", 7) == 0);
 }
 
+/* mallinfo2 counts large blocks (each in its own mapping) as glibc counts
+ * its mmapped chunks: in hblks and hblkhd, not as free space. */
+static void check_mallinfo_large(void)
+{
+    struct mallinfo2 before = mallinfo2();
+    char *volatile big = malloc(8 << 20);
+    CHECK(big);
+    struct mallinfo2 during = mallinfo2();
+    CHECK(during.hblks == before.hblks + 1 && during.hblkhd >= before.hblkhd + (8 << 20));
+    CHECK(during.fordblks < before.fordblks + (8 << 20));
+    CHECK(during.uordblks + during.fordblks == during.arena);
+    free(big);
+    CHECK(mallinfo2().hblks == before.hblks);
+}
+
+/* Whether a block of size is in a mapping of its own (mallinfo2's hblks). */
+static bool is_mapped_alone(size_t size)
+{
+    size_t before = mallinfo2().hblks;
+    char *volatile p = malloc(size);
+    bool alone = p && mallinfo2().hblks == before + 1;
+    free(p);
+    return alone;
+}
+
+/* mallopt sets hakmem's options where glibc's parameters mean them:
+ * M_MMAP_THRESHOLD the large threshold, M_TRIM_THRESHOLD the arenas' trim
+ * (hak_stats_t's arena_dirty_bytes: freed pages left resident). */
+static void check_mallopt(void)
+{
+    void (*stats)(hak_stats_t *, size_t) = (void (*)(hak_stats_t *, size_t))dlsym(RTLD_DEFAULT, "hak_stats_get_sized");
+    CHECK(stats != NULL);
+    if (!stats)
+        return;
+    CHECK(!is_mapped_alone(300000)); /* the page arenas' by default (1 MiB) */
+    CHECK(mallopt(M_MMAP_THRESHOLD, 200000) == 1);
+    hak_stats_t s;
+    stats(&s, sizeof s);
+    CHECK(s.large_threshold == 256 << 10); /* the power of two above */
+    CHECK(is_mapped_alone(300000));
+    CHECK(mallopt(M_MMAP_THRESHOLD, 64 << 20) == 1); /* the most hakmem has: 2 MiB */
+    stats(&s, sizeof s);
+    CHECK(s.large_threshold == 2 << 20 && !is_mapped_alone(2 << 20) && is_mapped_alone((2 << 20) + 1));
+    CHECK(mallopt(M_MMAP_THRESHOLD, -1) == 0 && mallopt(M_MMAP_THRESHOLD, 1 << 20) == 1);
+
+    void *blocks[16];
+    for (int trim = 0; trim < 2; trim++) {
+        CHECK(mallopt(M_TRIM_THRESHOLD, trim ? 32 << 20 : 0) == 1);
+        for (int i = 0; i < 16; i++) {
+            blocks[i] = malloc(256 << 10);
+            if (blocks[i])
+                memset(blocks[i], 1, 256 << 10);
+        }
+        for (int i = 16; i-- > 0;)
+            free(blocks[i]);
+        stats(&s, sizeof s);
+        CHECK(trim ? s.arena_dirty_bytes >= (4 << 20) : s.arena_dirty_bytes == 0);
+    }
+    /* glibc's parameters for what hakmem has not are accepted; an unknown
+     * one is refused (glibc's returns 1). */
+    CHECK(mallopt(M_ARENA_MAX, 1) == 1 && mallopt(M_MXFAST, 0) == 1);
+    CHECK(mallopt(12345, 1) == 0);
+}
+
+/* malloc_info writes hakmem's figures in glibc's document. */
+static void check_malloc_info(void)
+{
+    char text[2048] = "";
+    FILE *f = tmpfile();
+    CHECK(f);
+    if (!f)
+        return;
+    char *volatile big = malloc(8 << 20);
+    CHECK(malloc_info(0, f) == 0);
+    free(big);
+    rewind(f);
+    text[fread(text, 1, sizeof text - 1, f)] = 0;
+    fclose(f);
+    static const char start[] = "<malloc version=\"1\">\n<allocator name=\"hakmem\"";
+    CHECK(strncmp(text, start, sizeof start - 1) == 0);
+    CHECK(strstr(text, "<total type=\"mmap\" count=\"1\" size=\"") != NULL);
+    CHECK(strstr(text, "<system type=\"current\" size=\"") != NULL && strstr(text, "</malloc>\n") != NULL);
+    errno = 0;
+    CHECK(malloc_info(1, stdout) == -1 && errno == EINVAL);
+}
+
 int main(void)
 {
     bool (*owns)(const void *) = (bool (*)(const void *))dlsym(RTLD_DEFAULT, "hak_owns");
@@ -109,5 +198,8 @@ int main(void)
         free(blocks[i]);
     check_glibc_names(owns);
     check_glibc_reports();
+    check_mallinfo_large();
+    check_mallopt();
+    check_malloc_info();
     return check_summary("test_preload");
 }

@@ -12,6 +12,7 @@
 #include "check.h"
 #include "hakmem.h"
 
+#include <malloc.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -193,6 +194,37 @@ static void test_windows(void)
     CHECK(main_thread_sleeps == 0);
 }
 
+/* mallopt(M_MMAP_THRESHOLD) pins the threshold: the tuner, which has been
+ * judging windows, judges no more and the threshold stays where it was
+ * set, as glibc stops moving its own. */
+static void test_pinned(void)
+{
+    hak_stats_t s;
+    struct timespec start;
+    clock_gettime(CLOCK_MONOTONIC, &start);
+    do {
+        void *p = malloc((size_t)96 << 10);
+        __asm__ volatile("" : : "r"(p) : "memory");
+        free(p);
+        hak_stats_get(&s);
+    } while (s.tuner_windows < 3 && elapsed_ms(&start) < 5000);
+    CHECK(s.tuner_windows >= 3);
+    CHECK(mallopt(M_MMAP_THRESHOLD, 100000) == 1);
+    hak_stats_get(&s);
+    uint64_t windows = s.tuner_windows;
+    CHECK(s.large_threshold == (size_t)128 << 10 && s.tuner_threshold == (size_t)128 << 10);
+    clock_gettime(CLOCK_MONOTONIC, &start);
+    while (elapsed_ms(&start) < 300) { /* ten windows */
+        void *p = malloc((size_t)96 << 10);
+        __asm__ volatile("" : : "r"(p) : "memory");
+        free(p);
+    }
+    hak_stats_get(&s);
+    printf("tuner: pinned at %zuK after %llu windows, %llu after 300 ms more\n", s.large_threshold >> 10,
+           (unsigned long long)windows, (unsigned long long)s.tuner_windows);
+    CHECK(s.large_threshold == (size_t)128 << 10 && s.tuner_windows == windows);
+}
+
 int main(int argc, char **argv)
 {
     const char *mode = argc > 1 ? argv[1] : "rule";
@@ -202,5 +234,7 @@ int main(int argc, char **argv)
         test_evolving();
     else if (!strcmp(mode, "windows"))
         test_windows();
+    else if (!strcmp(mode, "pinned"))
+        test_pinned();
     return check_summary("test_tuner");
 }
