@@ -219,14 +219,14 @@ size_t option_size_fit(const void *target, size_t value)
         const option_t *o = &options[i];
         if (o->target != target || o->type != OPT_SIZE)
             continue;
-        if (value < (size_t)o->min)
+        if (value <= (size_t)o->min)
             return (size_t)o->min;
         if (value >= (size_t)o->max)
             return (size_t)o->max;
         size_t fit = 1;
         while (fit < value)
             fit <<= 1;
-        return value ? fit : 0;
+        return fit;
     }
     hak_assert_fail("option_size_fit: not a size option", __FILE__, __LINE__);
 }
