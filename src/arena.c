@@ -499,15 +499,17 @@ static uint32_t arena_align_run(arena_t *a, uint32_t start, uint32_t pages, uint
 
 /* Dirty memory waits in some arena for the purger (set by frees, cleared
  * by the purger before it looks, so that a free after its look tells it
- * again). */
+ * again). Pages a young program's frees leave untold set nothing: the
+ * next free counts its own against the bound too. */
 static _Atomic bool arena_purge_wanted;
 
-static void arena_dirtied(void)
+static void arena_dirtied(uint32_t pages)
 {
-    if (!atomic_load_explicit(&arena_purge_wanted, memory_order_relaxed)) {
-        atomic_store_explicit(&arena_purge_wanted, true, memory_order_relaxed);
-        purger_notify();
-    }
+    if (atomic_load_explicit(&arena_purge_wanted, memory_order_relaxed) ||
+        purger_young_untold((size_t)pages << ARENA_PAGE_SHIFT))
+        return;
+    atomic_store_explicit(&arena_purge_wanted, true, memory_order_relaxed);
+    purger_notify();
 }
 
 /* A block of `size` bytes aligned to align (a power of two), zeroed if
@@ -633,7 +635,7 @@ void arena_free(void *p, const char *op)
     }
     if (head & E_SAMPLED)
         sample_arena_freed(e_record(head));
-    arena_dirtied();
+    arena_dirtied(e_pages(head));
 }
 
 size_t arena_usable_size(const void *p, const char *op)
@@ -696,8 +698,8 @@ bool arena_resize(void *p, size_t size)
         wilderness_trim_unlock(a->lane, a);
     else
         lane_unlock(a->lane);
-    if (trim || want < have)
-        arena_dirtied();
+    if (want < have)
+        arena_dirtied(have - want);
     if (done && sampled)
         sample_arena_resized(e_record(head), size);
     return done;

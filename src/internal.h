@@ -608,6 +608,8 @@ size_t superslab_class_bytes(unsigned c);
 extern _Atomic bool hak_purger_start_wanted;
 void purger_init(void);
 void purger_notify(void);
+bool purger_young_untold(size_t bytes);
+void purger_notify_freed(size_t bytes);
 void purger_notify_cached(void);
 void purger_poll(void);
 void purger_heap_settled(void);

@@ -11,7 +11,8 @@
  * threads (util-linux's `unshare -U` failed under the preload, as would a
  * sandbox helper), and a child of clone without CLONE_VM keeps a copy of
  * any lock the thread held, held for ever. So the thread lives only while
- * pages wait: it starts the first time they do, sleeps until the next
+ * pages wait: it starts the first time they do (a young program's first
+ * few excepted: purger_young_untold), sleeps until the next
  * purge falls due and exits once nothing waits (a notify starts it
  * again), and hakmem's unshare, setns and clone stop it, and wait until
  * the kernel has let it go, before they call the kernel. It never
@@ -39,7 +40,7 @@ static pid_t purger_last_tid;       /* the kernel's id of the thread that last e
 static _Atomic uint64_t next_inline_check_ms;
 static HAK_TLS bool purger_self;      /* this thread is the purger */
 static uint64_t started_ms;           /* when hakmem started in this program */
-static _Atomic bool cached_untold;    /* purger_notify_cached started no thread */
+static _Atomic bool untold;           /* a young program's frees started no thread */
 _Atomic bool hak_purger_start_wanted; /* deferred until the heap's lists are consistent */
 
 /* One pass over orphaned heaps, threads' mid caches, SuperSlabs, page
@@ -186,23 +187,43 @@ void purger_notify(void)
         atomic_store_explicit(&hak_purger_start_wanted, true, memory_order_relaxed);
 }
 
-/* Blocks went to a thread's caches, which the purger flushes a delay
- * later. In the program's first purge delay they start no thread: a short
- * program (ls, grep, git --version: a stdio buffer freed) paid the
- * thread's start and its end, 80 to 215 us of a 1.2 ms run, for caches
- * that die with it. A running thread is told; otherwise the next notify
- * starts one, whose first pass flushes them, or the first allocation on a
- * slow path after that first delay (purger_poll). */
+/* A young program's frees start no thread. A short program (ls, grep, git
+ * --version: a stdio buffer freed into a thread's cache; a JSON parser
+ * whose first 64 KiB block goes back to its arena) paid the thread's
+ * start and its end, 80 to 215 us of a 1.2 ms run, for pages that die
+ * with it. So in the program's first purge delay, the pages freed wait
+ * untold while they are at most YOUNG_UNTOLD_MAX bytes in all (blocks in
+ * a thread's caches count none: their caches bound them); past that, or
+ * once the delay has passed, the next notify starts the thread, whose
+ * first pass takes them too, and so does the first allocation on a slow
+ * path after the delay (purger_poll). A program that frees more than the
+ * bound starts the thread at once, and one that frees less and then
+ * sleeps keeps at most the bound: within the 2.5 MiB that a sleeping
+ * program may keep above its start. */
+#define YOUNG_UNTOLD_MAX ((size_t)2 << 20)
+static _Atomic size_t young_untold_bytes;
+
 static bool program_young(void) { return os_now_ms() < started_ms + (uint64_t)hak_config.purge_delay_ms; }
 
-void purger_notify_cached(void)
+/* Whether bytes of pages just freed may wait untold (then the caller
+ * tells the purger nothing). */
+bool purger_young_untold(size_t bytes)
 {
-    if (hak_config.purge_thread && !atomic_load_explicit(&purger_running, memory_order_relaxed) && program_young()) {
-        atomic_store_explicit(&cached_untold, true, memory_order_relaxed);
-        return;
-    }
-    purger_notify();
+    if (!hak_config.purge_thread || atomic_load_explicit(&purger_running, memory_order_relaxed) ||
+        bytes > YOUNG_UNTOLD_MAX || !program_young() ||
+        atomic_fetch_add_explicit(&young_untold_bytes, bytes, memory_order_relaxed) + bytes > YOUNG_UNTOLD_MAX)
+        return false;
+    atomic_store_explicit(&untold, true, memory_order_relaxed);
+    return true;
 }
+
+void purger_notify_freed(size_t bytes)
+{
+    if (!purger_young_untold(bytes))
+        purger_notify();
+}
+
+void purger_notify_cached(void) { purger_notify_freed(0); }
 
 void purger_init(void) { started_ms = os_now_ms(); }
 
@@ -215,8 +236,8 @@ void purger_poll(void)
 {
     if (unlikely(!hak_config.purge_thread))
         purge_inline();
-    else if (unlikely(atomic_load_explicit(&cached_untold, memory_order_relaxed)) && !program_young() &&
-             atomic_exchange_explicit(&cached_untold, false, memory_order_relaxed))
+    else if (unlikely(atomic_load_explicit(&untold, memory_order_relaxed)) && !program_young() &&
+             atomic_exchange_explicit(&untold, false, memory_order_relaxed))
         purger_notify();
 }
 

@@ -350,6 +350,7 @@ void superslab_slab_release(heap_t *heap, slab_t *s)
     superslab_t *ss = superslab_of(s);
     unsigned page = slab_head_page(s);
     uint32_t mask = run_mask(page, s->span);
+    size_t bytes = (size_t)s->span * SLAB_PAGE_SIZE; /* once its pages are free, s is another's */
     hak_assert(s->used == 0 && atomic_load(&s->remote) == NULL && ss->heap == heap);
     atomic_store_explicit(&s->owner, 0, memory_order_relaxed);
     s->in_use = 0;
@@ -371,7 +372,7 @@ void superslab_slab_release(heap_t *heap, slab_t *s)
     else
         heap_rebin_superslab(heap, ss);
     if (dirtied && hak_config.purge_delay_ms != 0)
-        purger_notify();
+        purger_notify_freed(bytes);
 }
 
 /* An orphan's SuperSlabs go to the heap taking over its slabs. */

@@ -87,6 +87,9 @@ static void test_served(void)
  * before; a collect, or the purge delay, gives it back to its arena. */
 static void test_front(void)
 {
+    /* Past the program's first purge delay (100 ms), in which a free
+     * into a thread's front starts no purger thread (release_young). */
+    usleep(150 * 1000);
     hak_collect(false);
     size_t before = stats().arena_bytes, block = pages_of(40 * KiB);
     char *a = heap_malloc(40 * KiB); /* its bin was empty: it keeps one block now */

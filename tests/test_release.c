@@ -50,9 +50,13 @@
  *            glibc (a thread cancelled inside free left the purger marked
  *            running with no thread, and unshare then waited for ever);
  *            nor is unshare, which waits for the purger to stop;
- *   young    (HAKMEM_PURGE_DELAY_MS=1000) a block freed into a thread's
- *            caches in the program's first purge delay starts no purger
- *            thread; an allocation after the delay starts it;
+ *   young    (HAKMEM_PURGE_DELAY_MS=1000) blocks freed in the program's
+ *            first purge delay, into a thread's caches or leaving at most
+ *            2 MiB of pages to purge, start no purger thread, and a
+ *            program that then sleeps keeps at most 2.5 MiB; an
+ *            allocation after the delay starts it;
+ *   young_bound (the same) frees that leave more than 2 MiB in all
+ *            start it at once;
  *   smallpages (and smallpages_sampled, HAKMEM_PROFILE_SAMPLE=2) a
  *            program's first blocks, sampled ones and a page arena's
  *            too, lie in mappings
@@ -512,21 +516,36 @@ static size_t writable_anonymous_bytes(void)
     return total;
 }
 
-/* (HAKMEM_PURGE_DELAY_MS=1000, a margin for a loaded machine) A block
- * freed into a thread's caches in the
- * program's first purge delay starts no purger thread (a short program
- * paid its start and end, 80-215 us of a 1.2 ms `ls`); a slow-path
- * allocation after that delay starts it, and it flushes the caches. */
-static void mode_young(void)
+/* A block of size bytes from hakmem, touched and freed (through a
+ * volatile pointer: the compiler drops a memset before a free). */
+static void touch_and_free(size_t size)
+{
+    char *volatile p = malloc(size);
+    CHECK(p && hak_owns(p));
+    if (p)
+        memset(p, 1, size);
+    free(p);
+}
+
+/* (HAKMEM_PURGE_DELAY_MS=1000, a margin for a loaded machine) Blocks
+ * freed in the program's first purge delay start no purger thread (a
+ * short program paid its start and end, 80-215 us of a 1.2 ms `ls`):
+ * into a thread's caches, or leaving at most 2 MiB of pages to purge; a
+ * program that then sleeps keeps no more than that. A slow-path
+ * allocation after that delay starts it, and it flushes the caches and
+ * purges the pages. */
+static void mode_young(size_t start)
 {
     CHECK(thread_count() == 1);
-    char *p = malloc(4096);
-    CHECK(p && hak_owns(p));
-    memset(p, 1, 4096);
-    free(p);
+    touch_and_free(4096);       /* a thread's cache */
+    touch_and_free(256 << 10);  /* a page arena's pages */
+    touch_and_free(1536 << 10); /* a large block into BigCache */
     CHECK(thread_count() == 1);
     usleep(1100 * 1000);
     CHECK(thread_count() == 1); /* nothing told it */
+    size_t slept = rss_bytes();
+    printf("young: start %.2f MiB, after the frees and a sleep %.2f MiB\n", start / 1048576.0, slept / 1048576.0);
+    CHECK(slept <= start + 5 * MiB / 2);
     enum { KEPT = 4000 };
     static void *kept[KEPT];
     for (int i = 0; i < KEPT; i++) /* refills */
@@ -534,8 +553,18 @@ static void mode_young(void)
     int threads = thread_count();
     for (int i = 0; i < KEPT; i++)
         free(kept[i]);
-    printf("young: one thread after the first free, %d after allocating past the delay\n", threads);
+    printf("young: one thread after the first frees, %d after allocating past the delay\n", threads);
     CHECK(threads == 2);
+}
+
+/* (HAKMEM_PURGE_DELAY_MS=1000) A young program's frees that leave more
+ * than 2 MiB of pages in all start the thread at once. */
+static void mode_young_bound(void)
+{
+    touch_and_free(1536 << 10);
+    CHECK(thread_count() == 1);
+    touch_and_free(768 << 10);
+    CHECK(thread_count() == 2);
 }
 
 /* Waits for the child pid: whether it exited with 0. */
@@ -909,7 +938,9 @@ int main(int argc, char **argv)
     else if (!strcmp(mode, "maplimit"))
         mode_maplimit();
     else if (!strcmp(mode, "young"))
-        mode_young();
+        mode_young(start);
+    else if (!strcmp(mode, "young_bound"))
+        mode_young_bound();
     else if (!strcmp(mode, "smallpages"))
         mode_smallpages(false);
     else if (!strcmp(mode, "smallpages_sampled"))
