@@ -206,6 +206,18 @@ static large_hdr_t *ring_remove(bigcache_site_t *e, unsigned i)
     return h;
 }
 
+/* The ring starts over at its first size, empty: its blocks go to out
+ * (room for BIGCACHE_MAX_SLOTS), for the caller to unmap once unlocked.
+ * Returns how many. */
+static unsigned ring_clear(bigcache_site_t *e, large_hdr_t **out)
+{
+    unsigned n = 0;
+    while (e->count)
+        out[n++] = ring_remove(e, e->count - 1);
+    e->slots = (unsigned)hak_config.bigcache_slots;
+    return n;
+}
+
 /* A cached block of the site's own entry that fits size (see block_fits),
  * or NULL. Where none fits and the ring is full, the block the next put
  * would evict (its oldest) is taken with *reshape set, for the caller to
@@ -254,10 +266,8 @@ static void ring_put(large_hdr_t *h)
     atomic_fetch_add_explicit(&cached_bytes, h->map_size, memory_order_relaxed);
     pthread_mutex_lock(&e->lock);
     if (e->site != h->site || !e->slots) { /* the entry changes hands (or is new) */
-        while (e->count)
-            evicted[n_evicted++] = ring_remove(e, e->count - 1);
+        n_evicted = ring_clear(e, evicted);
         e->site = h->site;
-        e->slots = (unsigned)hak_config.bigcache_slots;
     }
     if (e->count == e->slots) {
         if (ring_grows(e, now))
@@ -373,11 +383,8 @@ uint64_t bigcache_collect(bool unmap)
         large_hdr_t *evicted[BIGCACHE_MAX_SLOTS];
         unsigned n_evicted = 0;
         pthread_mutex_lock(&e->lock);
-        if (unmap) { /* a grown ring starts over */
-            while (e->count)
-                evicted[n_evicted++] = ring_remove(e, e->count - 1);
-            e->slots = (unsigned)hak_config.bigcache_slots;
-        }
+        if (unmap) /* a grown ring starts over */
+            n_evicted = ring_clear(e, evicted);
         for (unsigned i = 0; i < e->count; i++)
             next_due = due_earlier(next_due, purge_if_due(e->slot[i], now));
         pthread_mutex_unlock(&e->lock);

@@ -21,7 +21,7 @@
 #include <time.h>
 #include <unistd.h>
 
-/* Valgrind's memcheck (2.36's 3.19) takes only the first old_size bytes of
+/* Valgrind's memcheck (3.19, Debian 12's) takes only the first old_size bytes of
  * a mapping that mremap moved and grew with MREMAP_FIXED as addressable:
  * a program's writes into the grown part were reported as invalid
  * (memcheck_large, a block reshaped by BigCache). The request tells it
