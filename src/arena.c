@@ -86,6 +86,7 @@ static inline uint64_t e_with_links(uint64_t e, uint32_t next, uint32_t prev)
 #define ARENA_BIN_WORDS ((ARENA_BINS + 63) / 64)
 
 _Static_assert(ARENA_EXACT_BINS == 1 << 9, "the log bins start at 2^9 pages");
+_Static_assert(ARENA_BIN_WORDS <= 64, "a bit of bin_words for each word of bin_mask");
 
 static unsigned bin_of(uint32_t pages)
 {
@@ -114,6 +115,7 @@ typedef struct arena {
     uint32_t top_high;        /* the highest top since the purger's last look */
     uint32_t purging_from;    /* the wilderness from here to dirty_end is being purged: not handed out; 0 for none */
     uint64_t looked_ms;       /* the purger's last look (arena_purge) */
+    uint64_t bin_words;       /* bit w: bin_mask[w] is not zero */
     uint64_t bin_mask[ARENA_BIN_WORDS];
     uint16_t bin[ARENA_BINS]; /* head page of the first free extent, 0 for none */
     _Alignas(64) _Atomic uint64_t map[ARENA_PAGES];
@@ -211,6 +213,7 @@ static void bin_insert(arena_t *a, uint32_t start, uint64_t e)
         entry_set(a, start, e_with_links(e, start, start));
         a->bin[b] = (uint16_t)start;
         a->bin_mask[b / 64] |= (uint64_t)1 << (b % 64);
+        a->bin_words |= (uint64_t)1 << (b / 64);
         return;
     }
     uint64_t fe = entry(a, first);
@@ -233,7 +236,8 @@ static void bin_remove(arena_t *a, uint32_t start, uint64_t e)
     uint32_t next = e_next(e), prev = e_prev(e);
     if (next == start) {
         a->bin[b] = 0;
-        a->bin_mask[b / 64] &= ~((uint64_t)1 << (b % 64));
+        if (!(a->bin_mask[b / 64] &= ~((uint64_t)1 << (b % 64))))
+            a->bin_words &= ~((uint64_t)1 << (b / 64));
         return;
     }
     uint64_t ne = entry(a, next);
@@ -244,14 +248,19 @@ static void bin_remove(arena_t *a, uint32_t start, uint64_t e)
         a->bin[b] = (uint16_t)next;
 }
 
-/* The first non-empty bin from b on, or ARENA_BINS. */
+/* The first non-empty bin from b on, or ARENA_BINS: the rest of b's word,
+ * else the first non-empty word after it (bin_words). Scanning the words
+ * one by one cost a block taken from the wilderness 53 instructions of
+ * 472 (malloc(256 KiB) and free, callgrind). */
 static unsigned bin_next_nonempty(const arena_t *a, unsigned b)
 {
     unsigned w = b / 64;
     uint64_t bits = a->bin_mask[w] & (~(uint64_t)0 << (b % 64));
-    while (!bits) {
-        if (++w == ARENA_BIN_WORDS)
+    if (!bits) {
+        uint64_t words = a->bin_words & (~(uint64_t)1 << w);
+        if (!words)
             return ARENA_BINS;
+        w = (unsigned)__builtin_ctzll(words);
         bits = a->bin_mask[w];
     }
     return w * 64 + (unsigned)__builtin_ctzll(bits);

@@ -1,7 +1,8 @@
 /* The page arenas (blocks above 16 KiB up to the large threshold, issue
  * 5): blocks are runs of pages that the stats count, a freed block merges
  * with its free neighbours and the merged run serves the next fitting
- * request at the same address, the top of an arena is trimmed at once,
+ * request at the same address (the best fit, however far its length from
+ * the request's), the top of an arena is trimmed at once,
  * free runs inside go back to the OS after the purge delay, realloc grows
  * and shrinks in place, aligned requests are served from the arenas, calloc
  * of reused pages reads zeros, threads free each other's blocks, and
@@ -194,6 +195,30 @@ static void test_coalescing(void)
     CHECK(intact(ab, 512 * KiB, 3) && intact(c, 256 * KiB, 4));
     free(ab);
     free(c);
+}
+
+/* The only free run that fits, far longer than the request (a bin of
+ * lengths of 1,020 pages, eight words of the bins' bitmap above the
+ * request's 150), is the best fit: the block comes from it, not from the
+ * wilderness above. */
+static void test_best_fit_far_bin(void)
+{
+    enum { N = 4 };
+    size_t size = MiB - 4096;
+    char *run[N];
+    for (int i = 0; i < N; i++) {
+        run[i] = heap_malloc(size);
+        CHECK(run[i] == run[0] + (size_t)i * size);
+    }
+    char *guard = heap_malloc(100 * KiB); /* keeps the run off the wilderness */
+    CHECK(guard == run[0] + N * size);
+    for (int i = 0; i < N; i++)
+        free(run[i]);
+    char *p = heap_malloc(600 * KiB);
+    CHECK(p == run[0]);
+    fill(p, 600 * KiB, 5);
+    free(p);
+    free(guard);
 }
 
 /* Blocks freed at the top of an arena give their pages back at once,
@@ -486,6 +511,7 @@ int main(int argc, char **argv)
     test_front_consumer();
     test_front_corrupt_link();
     test_coalescing();
+    test_best_fit_far_bin();
     test_trim();
     test_purge_after_delay();
     test_realloc_in_place();
