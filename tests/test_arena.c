@@ -197,10 +197,10 @@ static void test_coalescing(void)
     free(c);
 }
 
-/* The only free run that fits, far longer than the request (a bin of
- * lengths of 1,020 pages, eight words of the bins' bitmap above the
- * request's 150), is the best fit: the block comes from it, not from the
- * wilderness above. */
+/* The only free run that fits, far longer than the request (1,020 pages,
+ * in the last word of the bins' bitmap, six words above the request's
+ * 150), is the best fit: the block comes from it, not from the wilderness
+ * above. */
 static void test_best_fit_far_bin(void)
 {
     enum { N = 4 };
