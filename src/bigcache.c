@@ -304,14 +304,16 @@ bool bigcache_put(large_hdr_t *h)
     if (!site_count() || h->map_size > hak_config.bigcache_max_block)
         return false;
     uint64_t now = os_now_ms();
-    size_t bytes = h->usable; /* once in the front, h is the purger's to unmap */
     h->cached_at_ms = now;
     h->purged = 0;
+    bool untold = purger_young_untold(h->usable);
+    h->untold = untold; /* once in the front, h is the purger's to unmap */
     large_hdr_t *displaced = front_put(h);
     live_peak_note(displaced, now);
     if (displaced)
         ring_put(displaced);
-    purger_notify_freed(bytes);
+    if (!untold)
+        purger_notify();
     return true;
 }
 

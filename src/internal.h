@@ -609,6 +609,7 @@ extern _Atomic bool hak_purger_start_wanted;
 void purger_init(void);
 void purger_notify(void);
 bool purger_young_untold(size_t bytes);
+void purger_young_retaken(size_t bytes);
 void purger_notify_freed(size_t bytes);
 void purger_notify_cached(void);
 void purger_poll(void);
@@ -698,6 +699,7 @@ typedef struct large_hdr {
     uint32_t site_index;   /* in the site table */
     uint32_t fresh;        /* its pages were new or purged when handed out */
     uint32_t huge;         /* its mapping asked for transparent huge pages */
+    uint32_t untold;       /* cached in a young program, its bytes counted untold (purger_young_untold) */
     size_t size;           /* the size asked for (realloc's last) */
     size_t born_size;      /* the size asked for when it was handed out */
     uint64_t born;         /* hak_ticks() at a timed allocation, else 0: lifetimes */

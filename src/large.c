@@ -102,6 +102,10 @@ static void *large_reuse(size_t size, size_t align, uintptr_t site, bool *stale,
     if (!h)
         return NULL;
     size_t old_usable = h->usable;
+    if (h->untold) { /* its pages no longer wait for a purge */
+        purger_young_retaken(old_usable);
+        h->untold = 0;
+    }
     if (reshape) {
         large_hdr_t *resized = large_resize(h, size);
         if (!resized) {

@@ -52,10 +52,11 @@
  *            nor is unshare, which waits for the purger to stop;
  *   young    (HAKMEM_PURGE_DELAY_MS=1000) blocks freed in the program's
  *            first purge delay, into a thread's caches or leaving at most
- *            2 MiB of pages to purge, start no purger thread, and a
- *            program that then sleeps keeps at most 2.5 MiB; an
- *            allocation after the delay starts it;
- *   young_bound (the same) frees that leave more than 2 MiB in all
+ *            2.25 MiB of pages to purge (a 2 MiB buffer freed again and
+ *            again counts once), start no purger thread, and a program
+ *            that then sleeps keeps at most 2.5 MiB; an allocation after
+ *            the delay starts it;
+ *   young_bound (the same) frees that leave more than 2.25 MiB in all
  *            start it at once;
  *   smallpages (and smallpages_sampled, HAKMEM_PROFILE_SAMPLE=2) a
  *            program's first blocks, sampled ones and a page arena's
@@ -530,16 +531,18 @@ static void touch_and_free(size_t size)
 /* (HAKMEM_PURGE_DELAY_MS=1000, a margin for a loaded machine) Blocks
  * freed in the program's first purge delay start no purger thread (a
  * short program paid its start and end, 80-215 us of a 1.2 ms `ls`):
- * into a thread's caches, or leaving at most 2 MiB of pages to purge; a
- * program that then sleeps keeps no more than that. A slow-path
+ * into a thread's caches, or leaving at most 2.25 MiB of pages to purge,
+ * a buffer of 2 MiB taken back from BigCache and freed again counted
+ * once; a program that then sleeps keeps no more than that. A slow-path
  * allocation after that delay starts it, and it flushes the caches and
  * purges the pages. */
 static void mode_young(size_t start)
 {
     CHECK(thread_count() == 1);
-    touch_and_free(4096);       /* a thread's cache */
-    touch_and_free(256 << 10);  /* a page arena's pages */
-    touch_and_free(1536 << 10); /* a large block into BigCache */
+    touch_and_free(4096);      /* a thread's cache */
+    touch_and_free(128 << 10); /* a page arena's pages */
+    for (int i = 0; i < 8; i++)
+        touch_and_free(2 << 20); /* a large block into BigCache, and back */
     CHECK(thread_count() == 1);
     usleep(1100 * 1000);
     CHECK(thread_count() == 1); /* nothing told it */
@@ -558,12 +561,12 @@ static void mode_young(size_t start)
 }
 
 /* (HAKMEM_PURGE_DELAY_MS=1000) A young program's frees that leave more
- * than 2 MiB of pages in all start the thread at once. */
+ * than 2.25 MiB of pages in all start the thread at once. */
 static void mode_young_bound(void)
 {
-    touch_and_free(1536 << 10);
+    touch_and_free(2 << 20);
     CHECK(thread_count() == 1);
-    touch_and_free(768 << 10);
+    touch_and_free(512 << 10);
     CHECK(thread_count() == 2);
 }
 
