@@ -18,9 +18,11 @@ static void *fail_enomem(void)
 /* The first block of class c's stash, which is not empty, handed out. */
 static inline void *heap_stash_pop(heap_t *heap, unsigned c)
 {
-    void **stash = heap_stash(heap, c), *b = *stash;
-    *stash = block_next(b);
-    --*heap_stash_count(heap, c);
+    uintptr_t *stash = heap_stash(heap, c);
+    if (!HAK_SECURE)
+        return front_pop(stash);
+    void *b = front_first(*stash);
+    *stash = (uintptr_t)block_next(b);
     block_handed_out(b);
     return b;
 }
@@ -59,7 +61,7 @@ static inline void *hak_alloc_mid(unsigned c, size_t size, uintptr_t site)
     heap_t *heap = heap_get();
     if (likely(heap_mid_enter(heap))) { /* hak_empty_heap: a NULL cache and stash */
         void *b;
-        if (likely(*heap_stash(heap, c) != NULL && heap->sample_left > 1)) {
+        if (likely(*heap_stash(heap, c) != 0 && heap->sample_left > 1)) {
             b = heap_stash_pop(heap, c);
             heap->sample_left--;
             heap_mid_leave(heap);
@@ -120,15 +122,49 @@ static inline void *hak_alloc_arena(size_t size, size_t align, uintptr_t site, b
 /* Up to the threshold's least value the tier depends neither on the
  * threshold nor on init: before its first slow path, which inits, a
  * thread has hak_empty_heap, whose caches are empty and whose sample_left
- * keeps it off the front. The arenas' two calls are two inlined paths:
- * the front's sizes get one without a stack frame (json's 64 KiB pair: 6
- * instructions less; merged, 7 more). */
-void *hak_alloc_slow_size(size_t size, uintptr_t site)
+ * keeps it off the front. */
+static inline void *hak_alloc_by_tier(size_t size, uintptr_t site)
 {
     if (size_in_slabs(size))
         return hak_alloc_mid(mid_class_of(size), size, site);
+    return hak_alloc_arena(size, 0, site, false);
+}
+
+static HAK_NOINLINE void *hak_alloc_front_missed(size_t size, uintptr_t site)
+{
+    return hak_alloc_by_tier(size, site);
+}
+
+/* Above the tiny sizes and up to LARGE_THRESHOLD_MIN: the block freed
+ * last of the size's mid front, with the same instructions whichever
+ * tier the list holds, so that no branch follows the tier. Where a
+ * program mixes the tiers at random (bench mid: 1..64 KiB), a branch on
+ * the tier went the other way at one malloc in four (docs/benchmarks.md,
+ * session 44). Anything else takes the tier's own path: an empty list,
+ * the sample, the purger at the fronts, and the hardened build, which
+ * reads each tier's links its own way (front_pop). */
+static inline void *hak_alloc_front(size_t size, uintptr_t site)
+{
+    heap_t *heap = heap_get();
+    if (HAK_SECURE)
+        return hak_alloc_by_tier(size, site);
+    if (likely(heap_mid_enter(heap))) {
+        uintptr_t *list = &heap->front[front_of(size)];
+        if (likely(*list != 0 && heap->sample_left > 1)) {
+            void *b = front_pop(list);
+            heap->sample_left--;
+            heap_mid_leave(heap);
+            return b;
+        }
+        heap_mid_leave(heap);
+    }
+    return hak_alloc_front_missed(size, site);
+}
+
+void *hak_alloc_slow_size(size_t size, uintptr_t site)
+{
     if (size <= LARGE_THRESHOLD_MIN)
-        return hak_alloc_arena(size, 0, site, false);
+        return hak_alloc_front(size, site);
     hak_ensure_init(); /* the threshold is an option */
     if (size <= hak_large_threshold())
         return hak_alloc_arena(size, 0, site, false);
@@ -249,15 +285,12 @@ static inline bool heap_mid_push(heap_t *heap, slab_t *s, void *p)
     if (unlikely((offset_times_recip & RECIP_REMAINDER_BITS) || (char *)p >= s->carved_end || !s->used ||
                  block_is_free(p)))
         return false;
-    unsigned c = s->class_idx;
-    void **stash = heap_stash(heap, c);
-    uint16_t *count = heap_stash_count(heap, c);
-    if ((size_t)*count * s->block_size < HEAP_STASH_BYTES &&
-        (!HAK_SECURE || !*stash || superslab_of(*stash) == superslab_of(p))) {
+    uintptr_t *stash = heap_stash(heap, s->class_idx), head = *stash;
+    if ((size_t)front_count(head) * s->block_size < HEAP_STASH_BYTES &&
+        (!HAK_SECURE || !head || superslab_of(front_first(head)) == superslab_of(p))) {
         HAK_COUNT(heap, free_stashed);
-        block_link(p, *stash);
-        *stash = p;
-        ++*count;
+        block_link(p, (void *)head);
+        *stash = (uintptr_t)p | (front_count(head) + 1);
         return true;
     }
     HAK_COUNT(heap, free_local_slow);

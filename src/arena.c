@@ -741,7 +741,7 @@ uintptr_t arena_front_secret;
  * program before it is followed. */
 void arena_front_check(const uintptr_t *b, uint32_t pages, unsigned count)
 {
-    if (segmap_kind(b) != SEG_ARENA || arena_front_count(b[0]) != count - 1)
+    if (segmap_kind(b) != SEG_ARENA || front_count(b[0]) != count - 1)
         hak_free_list_corrupt(b);
     arena_t *a = arena_of(b);
     uint64_t e = entry(a, page_index(a, b));
@@ -771,16 +771,15 @@ static inline bool front_push(void *p)
     heap_t *heap = heap_get(); /* hak_empty_heap: no limit above 0 */
     if (!heap_mid_enter(heap))
         return false;
-    arena_front_t *f = &heap->arena_front;
     unsigned bin = pages - ARENA_FRONT_MIN_PAGES;
-    uintptr_t head = f->heads[bin];
-    bool kept = arena_front_count(head) < f->limit[bin];
+    uintptr_t *list = heap_arena_bin(heap, bin), head = *list;
+    bool kept = front_count(head) < heap->arena_front_limit[bin];
     if (kept) {
         /* Link and mark in one store (a fork before the head is stored loses the
          * block in the child, never leaves an unmarked one in a bin). */
         *(link_and_mark_t *)p = (link_and_mark_t){head, mark};
         atomic_signal_fence(memory_order_seq_cst);
-        f->heads[bin] = (uintptr_t)p | (arena_front_count(head) + 1);
+        *list = (uintptr_t)p | (front_count(head) + 1);
     }
     heap_mid_leave(heap);
     if (kept)
@@ -800,11 +799,10 @@ void arena_front_free(void *p, const char *op)
  * start over. By the owner, or by the purger under its claim. */
 void arena_front_flush(heap_t *heap)
 {
-    arena_front_t *f = &heap->arena_front;
     for (unsigned bin = 0; bin < ARENA_FRONT_BINS; bin++)
-        while (f->heads[bin])
-            arena_free(arena_front_pop(f, bin), "free");
-    memset(f, 0, sizeof *f);
+        while (*heap_arena_bin(heap, bin))
+            arena_free(arena_front_pop(heap, bin), "free");
+    memset(heap->arena_front_limit, 0, sizeof heap->arena_front_limit);
 }
 
 /* ---- giving pages back ---------------------------------------------------------- */

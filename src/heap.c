@@ -325,18 +325,18 @@ static void heap_set_cur(heap_t *heap, unsigned c, slab_t *s)
  * current slab's included; true if one of those slabs is empty now. */
 static bool heap_return_stash(heap_t *heap, unsigned c)
 {
-    void **stash = heap_stash(heap, c);
+    uintptr_t *stash = heap_stash(heap, c);
     bool emptied = false;
-    for (void *b = *stash, *next; b; b = next) {
-        next = block_next(b);
+    for (uintptr_t head = *stash; head;) {
+        void *b = front_first(head);
+        head = (uintptr_t)block_next(b);
         slab_t *s = slab_of(superslab_of(b), b);
         hak_assert(s->class_idx == c && s->used > 0);
         block_link(b, s->free);
         s->free = b;
         emptied |= --s->used == 0;
     }
-    *stash = NULL;
-    *heap_stash_count(heap, c) = 0;
+    *stash = 0;
     return emptied;
 }
 

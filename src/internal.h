@@ -85,14 +85,31 @@ enum seg_kind {
 #define SLAB_CLASS_MAX ((size_t)1 << MID_MAX_SHIFT)
 #define CLASS_COUNT (TINY_CLASSES + (MID_MAX_SHIFT - MID_MIN_SHIFT) * MID_CLASSES_PER_DOUBLING)
 
+#define MID_CLASSES (CLASS_COUNT - TINY_CLASSES)
+
+/* HAKMEM_LARGE_THRESHOLD's least value: sizes up to it are never large. */
+#define LARGE_THRESHOLD_MIN ((size_t)64 << 10)
+_Static_assert(SLAB_CLASS_MAX < LARGE_THRESHOLD_MIN, "the slab classes are below any threshold");
+
+/* Each thread's mid fronts (heap_t's front): the blocks above TINY_MAX and
+ * up to LARGE_THRESHOLD_MIN it freed, for its next mallocs of their size,
+ * a list per mid class (the class's stash) and then one per page count of
+ * the page arenas' blocks (the front to the arenas). hak_front_of[(size -
+ * 1) / FRONT_GRANULE] names a size's list: every mid class and every page
+ * count ends on a multiple of 128 B. */
+#define FRONT_GRANULE_SHIFT 7
+#define FRONT_GRANULE ((size_t)1 << FRONT_GRANULE_SHIFT)
+extern const uint8_t hak_front_of[LARGE_THRESHOLD_MIN / FRONT_GRANULE];
 extern const uint8_t hak_tiny_class_of[TINY_MAX / 16 + 1];
-extern const uint8_t hak_mid_class_of[SLAB_CLASS_MAX / 128];
 extern uint32_t hak_class_size[CLASS_COUNT];
 extern uint8_t hak_class_span[CLASS_COUNT];
 void sizeclass_init(void);
 
-/* TINY_MAX < size <= SLAB_CLASS_MAX. */
-static inline unsigned mid_class_of(size_t size) { return hak_mid_class_of[(size - 1) >> 7]; }
+/* TINY_MAX < size <= LARGE_THRESHOLD_MIN. */
+static inline unsigned front_of(size_t size) { return hak_front_of[(size - 1) >> FRONT_GRANULE_SHIFT]; }
+
+/* TINY_MAX < size <= SLAB_CLASS_MAX: a mid class's list is its stash. */
+static inline unsigned mid_class_of(size_t size) { return TINY_CLASSES + front_of(size); }
 
 /* Valid for 0 <= size <= SLAB_CLASS_MAX. */
 static inline unsigned class_of(size_t size)
@@ -138,10 +155,6 @@ static inline uint64_t xorshift64(uint64_t *state)
 
 /* The earlier of two due times, 0 meaning none (the purge passes). */
 static inline uint64_t due_earlier(uint64_t a, uint64_t b) { return !a ? b : !b ? a : a < b ? a : b; }
-
-/* HAKMEM_LARGE_THRESHOLD's least value: sizes up to it are never large. */
-#define LARGE_THRESHOLD_MIN ((size_t)64 << 10)
-_Static_assert(SLAB_CLASS_MAX < LARGE_THRESHOLD_MIN, "the slab classes are below any threshold");
 
 /* Whether a block of this size comes from a slab, or from a page arena
  * (else its own mapping). */
@@ -410,28 +423,43 @@ typedef struct bigcache_front {
 /* A heap's front to the page arenas (arena.c, "the threads' fronts"): the
  * arena blocks of up to 64 KiB its thread freed, by page count, for its
  * next mallocs of that many pages; the owner's under its mid mark
- * (heap_mid_enter). A bin holds up to ARENA_FRONT_BIN_BYTES. */
+ * (heap_mid_enter). Its bins are the mid fronts after the stashes
+ * (front_of). A bin holds up to ARENA_FRONT_BIN_BYTES. */
 #define ARENA_FRONT_MIN_PAGES ((uint32_t)(SLAB_CLASS_MAX >> ARENA_PAGE_SHIFT) + 1)
 #define ARENA_FRONT_MAX_PAGES ((uint32_t)(LARGE_THRESHOLD_MIN >> ARENA_PAGE_SHIFT)) /* never large */
 #define ARENA_FRONT_BINS (ARENA_FRONT_MAX_PAGES - ARENA_FRONT_MIN_PAGES + 1)
 #define ARENA_FRONT_BIN_BYTES ((size_t)512 << 10)
-/* A bin's head word is its first block's address (page-aligned) with the
- * bin's block count in the low bits, and each block's link is the head
- * word it was pushed onto: a pop restores the count with the link, and
- * neither a push nor a pop stores a count. A store less counts: json's
- * pair (malloc of 64 KiB, a store to each page, free) took 40 ns at 12
- * stores of the allocator's and 35 at 9, the stores behind the touches'
- * cache misses (docs/benchmarks.md, session 33). */
-#define ARENA_FRONT_COUNT_MASK ((uintptr_t)ARENA_PAGE - 1)
-typedef struct arena_front {
-    uintptr_t heads[ARENA_FRONT_BINS];
-    uint8_t limit[ARENA_FRONT_BINS]; /* grows by one each time a malloc finds the bin empty */
-} arena_front_t;
-_Static_assert(ARENA_FRONT_BIN_BYTES / (ARENA_FRONT_MIN_PAGES * ARENA_PAGE) <= ARENA_FRONT_COUNT_MASK,
-               "a bin's count fits below its first block's address");
+#define FRONT_LISTS (MID_CLASSES + ARENA_FRONT_BINS)
 
-static inline uintptr_t *arena_front_first(uintptr_t head) { return (uintptr_t *)(head & ~ARENA_FRONT_COUNT_MASK); }
-static inline unsigned arena_front_count(uintptr_t head) { return (unsigned)(head & ARENA_FRONT_COUNT_MASK); }
+/* A mid front's head word is its first block's address (a multiple of
+ * 128) with the list's block count in the low bits, and each block's link
+ * is the head word it was pushed onto: a pop restores the count with the
+ * link, and neither a push nor a pop stores a count. A store less counts:
+ * json's pair (malloc of 64 KiB, a store to each page, free) took 40 ns at
+ * 12 stores of the allocator's and 35 at 9, the stores behind the touches'
+ * cache misses (docs/benchmarks.md, session 33). */
+#define FRONT_COUNT_MASK (FRONT_GRANULE - 1)
+_Static_assert(ARENA_FRONT_BIN_BYTES / (ARENA_FRONT_MIN_PAGES * ARENA_PAGE) < FRONT_COUNT_MASK &&
+                   HEAP_STASH_BYTES / TINY_MAX < FRONT_COUNT_MASK,
+               "a list's count fits below its first block's address");
+
+static inline uintptr_t *front_first(uintptr_t head) { return (uintptr_t *)(head & ~FRONT_COUNT_MASK); }
+static inline unsigned front_count(uintptr_t head) { return (unsigned)(head & FRONT_COUNT_MASK); }
+
+/* The first block of a mid front leaves it: the list moves on, then the
+ * block's mark goes (a fork between the two loses the block in the child,
+ * never leaves an unmarked one in a list). The link is read plain: the
+ * hardened build decodes a stash's (block_next) and checks an arena
+ * block first (arena_front_check), since a write after free may have
+ * changed the link that led to it. */
+static inline void *front_pop(uintptr_t *list)
+{
+    uintptr_t *b = front_first(*list);
+    *list = b[0];
+    atomic_signal_fence(memory_order_seq_cst);
+    b[1] = 0;
+    return b;
+}
 
 /* *counter += n with a relaxed load and store, no locked instruction: on
  * x86 each of those waits for the stores before it to drain. Exact where
@@ -484,8 +512,11 @@ typedef struct heap {
     void *cache[CLASS_COUNT];   /* free blocks of cur[c], ready to hand out */
     slab_t *cur[CLASS_COUNT];   /* the slab the cache is filled from, or NULL */
     slab_t *owned[CLASS_COUNT]; /* the class's other slabs: a circular list, searched in turn */
-    void *stash[CLASS_COUNT - TINY_CLASSES]; /* a mid class's freed blocks, of any of its slabs */
-    uint16_t stash_count[CLASS_COUNT - TINY_CLASSES]; /* blocks in each, up to HEAP_STASH_BYTES */
+    /* The mid fronts (front_of): each mid class's stash, its freed blocks
+     * of any of its slabs, up to HEAP_STASH_BYTES; then the front to the
+     * page arenas, a bin per page count. */
+    uintptr_t front[FRONT_LISTS];
+    uint8_t arena_front_limit[ARENA_FRONT_BINS]; /* grows by one each time a malloc finds the bin empty */
     /* The SuperSlabs this heap carves slabs from, binned by their longest
      * run of free pages (bin 31: empty), so that a slab of k pages is
      * placed in the SuperSlab with the shortest run that holds it. */
@@ -518,7 +549,6 @@ typedef struct heap {
     _Atomic uint64_t mid_cached_ms; /* when mid_cached was last set */
     uint64_t slab_refills;     /* read racily by the report */
     bigcache_front_t bigcache_front;
-    arena_front_t arena_front;
     heap_profile_t profile;
     const void *corrupt_link;  /* hardened: a cached block whose link was corrupt (cache_next) */
 #ifdef HAKMEM_COUNTERS
@@ -555,9 +585,10 @@ static inline void heap_mid_leave(heap_t *heap)
 
 _Static_assert(_Alignof(heap_t) > SLAB_FLAGS, "a heap's address leaves the owner word's flag bits clear");
 
-/* Class c's stash (a mid class), and how many blocks it holds. */
-static inline void **heap_stash(heap_t *heap, unsigned c) { return &heap->stash[c - TINY_CLASSES]; }
-static inline uint16_t *heap_stash_count(heap_t *heap, unsigned c) { return &heap->stash_count[c - TINY_CLASSES]; }
+/* Class c's stash (a mid class), and the arenas' front's bin for blocks of
+ * ARENA_FRONT_MIN_PAGES + bin pages. */
+static inline uintptr_t *heap_stash(heap_t *heap, unsigned c) { return &heap->front[c - TINY_CLASSES]; }
+static inline uintptr_t *heap_arena_bin(heap_t *heap, unsigned bin) { return &heap->front[MID_CLASSES + bin]; }
 
 void heap_mid_wait(heap_t *heap); /* until the purger's claim is over */
 void heap_mid_cached_first(heap_t *heap);
@@ -649,20 +680,14 @@ static inline uintptr_t arena_front_mark(const void *b) { return arena_front_sec
 
 static inline bool arena_block_in_front(const void *b) { return ((const uintptr_t *)b)[1] == arena_front_mark(b); }
 
-/* The first block of f's bin leaves it: the bin moves on, then the
- * block's mark goes (a fork between the two loses the block in the child,
- * never leaves an unmarked one in a bin). The hardened build checks the
- * block first, since a write after free may have changed the link that
- * led to it. */
-static inline void *arena_front_pop(arena_front_t *f, unsigned bin)
+/* The first block of an arena front's bin, checked first in the
+ * hardened build (front_pop). */
+static inline void *arena_front_pop(heap_t *heap, unsigned bin)
 {
-    uintptr_t *b = arena_front_first(f->heads[bin]);
+    uintptr_t *list = heap_arena_bin(heap, bin);
     if (HAK_SECURE)
-        arena_front_check(b, bin + ARENA_FRONT_MIN_PAGES, arena_front_count(f->heads[bin]));
-    f->heads[bin] = b[0];
-    atomic_signal_fence(memory_order_seq_cst);
-    b[1] = 0;
-    return b;
+        arena_front_check(front_first(*list), bin + ARENA_FRONT_MIN_PAGES, front_count(*list));
+    return front_pop(list);
 }
 
 /* A block of size bytes (above the slab classes) from heap's front, or
@@ -676,13 +701,13 @@ static inline void *arena_front_take(heap_t *heap, size_t size)
     hak_assert(pages >= ARENA_FRONT_MIN_PAGES);
     if (pages > ARENA_FRONT_MAX_PAGES || !heap_mid_enter(heap))
         return NULL;
-    arena_front_t *f = &heap->arena_front;
     unsigned bin = pages - ARENA_FRONT_MIN_PAGES;
+    uint8_t *limit = &heap->arena_front_limit[bin];
     void *b = NULL;
-    if (likely(f->heads[bin] != 0))
-        b = arena_front_pop(f, bin);
-    else if ((size_t)(f->limit[bin] + 1) * pages * ARENA_PAGE <= ARENA_FRONT_BIN_BYTES && hak_claims_on)
-        f->limit[bin]++; /* without claims (no membarrier) the purger could not empty it: none */
+    if (likely(*heap_arena_bin(heap, bin) != 0))
+        b = arena_front_pop(heap, bin);
+    else if ((size_t)(*limit + 1) * pages * ARENA_PAGE <= ARENA_FRONT_BIN_BYTES && hak_claims_on)
+        ++*limit; /* without claims (no membarrier) the purger could not empty it: none */
     heap_mid_leave(heap);
     return b;
 }

@@ -11,24 +11,30 @@ const uint8_t hak_tiny_class_of[TINY_MAX / 16 + 1] = {
     40, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51, 52, 53, 54, 55, 56, 57, 58,
     59, 60, 61, 62, 63};
 
-/* hak_mid_class_of[(size - 1) / 128] for TINY_MAX < size <= SLAB_CLASS_MAX:
+/* hak_front_of[(size - 1) / 128] for TINY_MAX < size <= LARGE_THRESHOLD_MIN:
  * every mid class ends on a multiple of 128 B (8 steps per doubling from
- * 1 KiB), so each 128 B of sizes has one class. A table, as the tiny one,
- * usable before init: the logarithm it replaces took a mid malloc 9
- * instructions more. Checked against hak_class_size at init in debug
- * builds. The first 8 entries (1 KiB and less) are never read. */
-const uint8_t hak_mid_class_of[SLAB_CLASS_MAX / 128] = {
-    64, 64, 64, 64, 64, 64, 64, 64,                                 /* up to 1 KiB: unused */
-    64, 65, 66, 67, 68, 69, 70, 71,                                 /* to 2 KiB, classes 128 B apart */
-    72, 72, 73, 73, 74, 74, 75, 75, 76, 76, 77, 77, 78, 78, 79, 79, /* to 4 KiB, 256 B apart */
-    80, 80, 80, 80, 81, 81, 81, 81, 82, 82, 82, 82, 83, 83, 83, 83, /* to 8 KiB, 512 B apart */
-    84, 84, 84, 84, 85, 85, 85, 85, 86, 86, 86, 86, 87, 87, 87, 87,
-    88, 88, 88, 88, 88, 88, 88, 88, 89, 89, 89, 89, 89, 89, 89, 89, /* to 16 KiB, 1 KiB apart */
-    90, 90, 90, 90, 90, 90, 90, 90, 91, 91, 91, 91, 91, 91, 91, 91,
-    92, 92, 92, 92, 92, 92, 92, 92, 93, 93, 93, 93, 93, 93, 93, 93,
-    94, 94, 94, 94, 94, 94, 94, 94, 95, 95, 95, 95, 95, 95, 95, 95};
+ * 1 KiB), and so does every page count, so each 128 B of sizes has one
+ * list. A table, as the tiny one, usable before init: the logarithm it
+ * replaces took a mid malloc 9 instructions more. Checked against
+ * hak_class_size at init in debug builds. The first 8 entries (1 KiB and
+ * less) are never read. */
+#define R8(x) x, x, x, x, x, x, x, x
+#define FRONT_PAGE(list) R8(list), R8(list), R8(list), R8(list) /* 4 KiB: 32 granules */
+const uint8_t hak_front_of[LARGE_THRESHOLD_MIN / FRONT_GRANULE] = {
+    0, 0, 0, 0, 0, 0, 0, 0,                                         /* up to 1 KiB: unused */
+    0, 1, 2, 3, 4, 5, 6, 7,                                         /* mid classes to 2 KiB, 128 B apart */
+    8, 8, 9, 9, 10, 10, 11, 11, 12, 12, 13, 13, 14, 14, 15, 15,     /* to 4 KiB, 256 B apart */
+    16, 16, 16, 16, 17, 17, 17, 17, 18, 18, 18, 18, 19, 19, 19, 19, /* to 8 KiB, 512 B apart */
+    20, 20, 20, 20, 21, 21, 21, 21, 22, 22, 22, 22, 23, 23, 23, 23,
+    R8(24), R8(25), R8(26), R8(27), R8(28), R8(29), R8(30), R8(31), /* to 16 KiB, 1 KiB apart */
+    FRONT_PAGE(32), FRONT_PAGE(33), FRONT_PAGE(34), FRONT_PAGE(35), /* the arenas' blocks of 5 to 16 pages */
+    FRONT_PAGE(36), FRONT_PAGE(37), FRONT_PAGE(38), FRONT_PAGE(39),
+    FRONT_PAGE(40), FRONT_PAGE(41), FRONT_PAGE(42), FRONT_PAGE(43)};
+#undef FRONT_PAGE
+#undef R8
 
-_Static_assert(TINY_CLASSES == 64 && CLASS_COUNT == 96, "hak_mid_class_of's values");
+_Static_assert(TINY_CLASSES == 64 && MID_CLASSES == 32 && ARENA_FRONT_MIN_PAGES == 5 && ARENA_FRONT_BINS == 12,
+               "hak_front_of's values");
 
 uint32_t hak_class_size[CLASS_COUNT];
 uint8_t hak_class_span[CLASS_COUNT];
@@ -66,5 +72,7 @@ void sizeclass_init(void)
 #ifdef HAKMEM_DEBUG
     for (size_t size = TINY_MAX + 1; size <= SLAB_CLASS_MAX; size++) /* the smallest class that holds it */
         hak_assert(hak_class_size[mid_class_of(size)] >= size && hak_class_size[mid_class_of(size) - 1] < size);
+    for (size_t size = SLAB_CLASS_MAX + 1; size <= LARGE_THRESHOLD_MIN; size++) /* as many pages */
+        hak_assert(front_of(size) == MID_CLASSES + (size + ARENA_PAGE - 1) / ARENA_PAGE - ARENA_FRONT_MIN_PAGES);
 #endif
 }

@@ -10,7 +10,8 @@
  * (purges run with the lane unlocked). A thread's front keeps the
  * blocks of up to 64 KiB it freed for its next mallocs, as many as those
  * asked for, until a collect or the purge delay, and stops the program at
- * a link a write after free changed. */
+ * a link a write after free changed; each size up to 64 KiB has its list,
+ * the slab classes' and the arenas' alike. */
 #define _GNU_SOURCE
 #include "check.h"
 #include "hakmem.h"
@@ -116,6 +117,34 @@ static void test_front(void)
     for (int i = 0; i < 100 && stats().arena_bytes != before; i++)
         usleep(3000);
     CHECK(stats().arena_bytes == before);
+}
+
+/* Every size above the tiny ones up to 64 KiB has its list among the
+ * thread's mid fronts, a mid class's stash or a page count's bin of the
+ * front to the arenas (hak_front_of, one per 128 B of sizes): the block
+ * freed last comes back for the next malloc in the same 128 B, and
+ * holds it; a malloc of the next 128 B gets a block that holds that. A
+ * sample, or the purger at the fronts, may hand out another block now
+ * and then: the reuse is counted, the sizes are checked every time. */
+static void test_front_every_size(void)
+{
+    int sizes = 0, reused = 0, held = 0;
+    for (size_t top = 1024 + 128; top <= 64 * KiB; top += 128, sizes++) {
+        free(heap_malloc(top)); /* a bin found empty keeps a block from now on */
+        char *a = heap_malloc(top);
+        free(a);
+        char *b = heap_malloc(top - 127);
+        reused += b == a;
+        held += malloc_usable_size(b) >= top;
+        free(b);
+        char *c = heap_malloc(top + 1);
+        held += malloc_usable_size(c) >= top + 1;
+        free(c);
+    }
+    printf("front every size: %d of %d sizes took the block freed last\n", reused, sizes);
+    CHECK(held == 2 * sizes);
+    CHECK(reused >= sizes * 9 / 10);
+    hak_collect(false);
 }
 
 /* A thread that only frees keeps nothing in its front. */
@@ -508,6 +537,7 @@ int main(int argc, char **argv)
     size_t live_at_start = stats().arena_bytes;
     test_served();
     test_front();
+    test_front_every_size();
     test_front_consumer();
     test_front_corrupt_link();
     test_coalescing();
