@@ -285,12 +285,11 @@ static inline bool heap_mid_push(heap_t *heap, slab_t *s, void *p)
     if (unlikely((offset_times_recip & RECIP_REMAINDER_BITS) || (char *)p >= s->carved_end || !s->used ||
                  block_is_free(p)))
         return false;
-    uintptr_t *stash = heap_stash(heap, s->class_idx), head = *stash;
+    uintptr_t head = *heap_stash(heap, s->class_idx);
     if ((size_t)front_count(head) * s->block_size < HEAP_STASH_BYTES &&
         (!HAK_SECURE || !head || superslab_of(front_first(head)) == superslab_of(p))) {
         HAK_COUNT(heap, free_stashed);
-        block_link(p, (void *)head);
-        *stash = (uintptr_t)p | (front_count(head) + 1);
+        heap_stash_push(heap, s->class_idx, p);
         return true;
     }
     HAK_COUNT(heap, free_local_slow);

@@ -590,6 +590,15 @@ _Static_assert(_Alignof(heap_t) > SLAB_FLAGS, "a heap's address leaves the owner
 static inline uintptr_t *heap_stash(heap_t *heap, unsigned c) { return &heap->front[c - TINY_CLASSES]; }
 static inline uintptr_t *heap_arena_bin(heap_t *heap, unsigned bin) { return &heap->front[MID_CLASSES + bin]; }
 
+/* b, a block of mid class c that its slab counts as used, joins the
+ * class's stash (the caller saw to its room). */
+static inline void heap_stash_push(heap_t *heap, unsigned c, void *b)
+{
+    uintptr_t *stash = heap_stash(heap, c), head = *stash;
+    block_link(b, (void *)head);
+    *stash = (uintptr_t)b | (front_count(head) + 1);
+}
+
 void heap_mid_wait(heap_t *heap); /* until the purger's claim is over */
 void heap_mid_cached_first(heap_t *heap);
 

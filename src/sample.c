@@ -373,9 +373,7 @@ void *sample_take(heap_t *heap, unsigned c, void *b, size_t size, uintptr_t site
     if (!tracked)
         return b;
     if (!class_is_tiny(c) && slab_of(superslab_of(b), b) != heap->cur[c]) { /* b goes back where it came from */
-        uintptr_t *stash = heap_stash(heap, c);
-        block_link(b, (void *)*stash);
-        *stash = (uintptr_t)b | (front_count(*stash) + 1);
+        heap_stash_push(heap, c, b);
     } else {
         block_link(b, heap->cache[c]);
         heap->cache[c] = b;

@@ -1,5 +1,6 @@
 /* Sizes the kernel reports for the test process, in bytes: the resident set
- * from /proc/self/smaps_rollup, and any "Name: N kB" line of a /proc file. */
+ * from /proc/self/smaps_rollup (all of it, or less the pages MADV_FREE gave
+ * back), and any "Name: N kB" line of a /proc file. */
 #ifndef HAKMEM_TEST_RSS_H
 #define HAKMEM_TEST_RSS_H
 
@@ -29,5 +30,14 @@ static inline size_t proc_kib_field_bytes(const char *path, const char *format)
 }
 
 static inline size_t rss_bytes(void) { return proc_kib_field_bytes("/proc/self/smaps_rollup", "Rss: %zu kB"); }
+
+/* The resident set less the pages given back with MADV_FREE
+ * (HAKMEM_PURGE_ADVICE=free), which stay in it, as LazyFree, until the
+ * kernel needs them. */
+static inline size_t rss_held_bytes(void)
+{
+    size_t rss = rss_bytes(), lazy = proc_kib_field_bytes("/proc/self/smaps_rollup", "LazyFree: %zu kB");
+    return rss > lazy ? rss - lazy : 0;
+}
 
 #endif
