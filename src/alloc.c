@@ -119,10 +119,8 @@ static inline void *hak_alloc_arena(size_t size, size_t align, uintptr_t site, b
     return hak_alloc_arena_slow(size, align, site, zero);
 }
 
-/* Up to the threshold's least value the tier depends neither on the
- * threshold nor on init: before its first slow path, which inits, a
- * thread has hak_empty_heap, whose caches are empty and whose sample_left
- * keeps it off the front. */
+/* A size above the tiny ones and up to LARGE_THRESHOLD_MIN, by its tier's
+ * own path. */
 static inline void *hak_alloc_by_tier(size_t size, uintptr_t site)
 {
     if (size_in_slabs(size))
@@ -130,6 +128,7 @@ static inline void *hak_alloc_by_tier(size_t size, uintptr_t site)
     return hak_alloc_arena(size, 0, site, false);
 }
 
+/* Out of line, so that hak_alloc_front's pop needs no stack frame. */
 static HAK_NOINLINE void *hak_alloc_front_missed(size_t size, uintptr_t site)
 {
     return hak_alloc_by_tier(size, site);
@@ -145,9 +144,9 @@ static HAK_NOINLINE void *hak_alloc_front_missed(size_t size, uintptr_t site)
  * reads each tier's links its own way (front_pop). */
 static inline void *hak_alloc_front(size_t size, uintptr_t site)
 {
-    heap_t *heap = heap_get();
     if (HAK_SECURE)
         return hak_alloc_by_tier(size, site);
+    heap_t *heap = heap_get();
     if (likely(heap_mid_enter(heap))) {
         uintptr_t *list = &heap->front[front_of(size)];
         if (likely(*list != 0 && heap->sample_left > 1)) {
@@ -161,6 +160,10 @@ static inline void *hak_alloc_front(size_t size, uintptr_t site)
     return hak_alloc_front_missed(size, site);
 }
 
+/* Up to the threshold's least value the tier depends neither on the
+ * threshold nor on init: before its first slow path, which inits, a
+ * thread has hak_empty_heap, whose lists are empty and whose sample_left
+ * keeps it off them. */
 void *hak_alloc_slow_size(size_t size, uintptr_t site)
 {
     if (size <= LARGE_THRESHOLD_MIN)
