@@ -45,7 +45,7 @@ static HAK_NOINLINE void *hak_alloc_mid_slow(unsigned c, size_t size, uintptr_t 
         uint64_t start = hak_ticks();
         b = heap_stash_pop(heap, c);
         if (--heap->sample_left <= 0)
-            b = sample_take(heap, c, b, size, site, hak_ticks() - start);
+            b = sample_take(heap, c, b, size, site, sample_interval_end(heap), hak_ticks() - start);
     } else {
         b = hak_alloc_from(heap, c, size, site);
     }

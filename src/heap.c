@@ -731,8 +731,14 @@ static HAK_NOINLINE void *heap_alloc_refill(heap_t *heap, unsigned c, size_t siz
     }
     if (HAK_SECURE && unlikely(heap->corrupt_link))
         hak_free_list_corrupt(heap->corrupt_link);
-    bool sampled = --heap->sample_left <= 0;
-    uint64_t start = sampled ? hak_ticks() : 0;
+    /* A sample's interval ends here, not at sample_take: the purger
+     * thread that heap_leave_lists or purger_poll may start allocates on
+     * this heap (pthread_create's calloc), and a sample there would start
+     * a new interval, leaving this sample a weight of 0, the mark of a
+     * free record (redis-benchmark: "double free" at its free, 1 run in
+     * 100 or so under load). */
+    uint32_t weight = --heap->sample_left <= 0 ? sample_interval_end(heap) : 0;
+    uint64_t start = weight ? hak_ticks() : 0;
     heap_enter_lists(heap);
     slab_t *cur = heap->cur[c];
     if (cur && cur->parked) /* the cache is empty: its block was handed out */
@@ -745,8 +751,8 @@ static HAK_NOINLINE void *heap_alloc_refill(heap_t *heap, unsigned c, size_t siz
     }
     heap_leave_lists(heap);
     purger_poll();
-    if (unlikely(sampled) && b)
-        return sample_take(heap, c, b, size, site, hak_ticks() - start);
+    if (unlikely(weight) && b)
+        return sample_take(heap, c, b, size, site, weight, hak_ticks() - start);
     heap_tick_tuner(heap);
     return b;
 }

@@ -865,7 +865,8 @@ enum site_rule {
 /* sample.c: the sampled allocation path, the sample arena and the records
  * of samples in the page arenas. */
 void sample_heap_init(heap_t *heap);
-void *sample_take(heap_t *heap, unsigned c, void *b, size_t size, uintptr_t site, uint64_t ticks);
+uint32_t sample_interval_end(heap_t *heap);
+void *sample_take(heap_t *heap, unsigned c, void *b, size_t size, uintptr_t site, uint32_t weight, uint64_t ticks);
 void *sample_fast_hit(heap_t *heap, unsigned c, void *b, size_t size, uintptr_t site);
 void *sample_take_arena(heap_t *heap, size_t size, size_t align, uintptr_t site, bool zero);
 void sample_free(void *p, const char *op);

@@ -338,8 +338,9 @@ static size_t class_alignment(unsigned c)
     return align > SLAB_PAGE_SIZE ? SLAB_PAGE_SIZE : align;
 }
 
-/* The sampling interval ends: the allocations the sample stands for. */
-static uint32_t sample_interval_end(heap_t *heap)
+/* The sampling interval ends: the allocations the sample stands for (at
+ * least 1, since the countdown reached 0). */
+uint32_t sample_interval_end(heap_t *heap)
 {
     uint32_t weight = (uint32_t)(heap->sample_interval - heap->sample_left);
     heap->sampled_allocs += weight;
@@ -347,12 +348,13 @@ static uint32_t sample_interval_end(heap_t *heap)
     return weight;
 }
 
-/* b: the block the allocation took from the cache (of cur[c]); ticks: what
- * taking it cost. Site 0 asks for no tracking (aligned requests that will
- * be offset inside the block). */
-void *sample_take(heap_t *heap, unsigned c, void *b, size_t size, uintptr_t site, uint64_t ticks)
+/* b: the block the allocation took from the cache (of cur[c]); weight:
+ * what sample_interval_end returned when the countdown reached 0; ticks:
+ * what taking it cost. Site 0 asks for no tracking (aligned requests that
+ * will be offset inside the block). */
+void *sample_take(heap_t *heap, unsigned c, void *b, size_t size, uintptr_t site, uint32_t weight, uint64_t ticks)
 {
-    uint32_t weight = sample_interval_end(heap);
+    hak_assert(weight > 0); /* 0 marks a free record */
     if (!hak_config.profile)
         return b;
     kpi_record_latency(ticks, weight);
@@ -389,6 +391,7 @@ void *sample_fast_hit(heap_t *heap, unsigned c, void *b, size_t size, uintptr_t 
 {
     if (HAK_SECURE && unlikely(heap->corrupt_link))
         hak_free_list_corrupt(heap->corrupt_link);
+    uint32_t weight = sample_interval_end(heap);
     uint64_t start = hak_ticks();
     block_link(b, heap->cache[c]);
     heap->cache[c] = b;
@@ -396,7 +399,7 @@ void *sample_fast_hit(heap_t *heap, unsigned c, void *b, size_t size, uintptr_t 
     b = heap->cache[c];
     heap->cache[c] = block_next(b);
     block_handed_out(b);
-    return sample_take(heap, c, b, size, site, hak_ticks() - start);
+    return sample_take(heap, c, b, size, site, weight, hak_ticks() - start);
 }
 
 /* A sample among the page arenas' sizes: the arena allocation (from the
