@@ -1,6 +1,6 @@
-/* Sizes the kernel reports for the test process, in bytes: the resident set
- * from /proc/self/smaps_rollup (all of it, or less the pages MADV_FREE gave
- * back), and any "Name: N kB" line of a /proc file. */
+/* What the kernel reports for the test process: the resident set from
+ * /proc/self/smaps_rollup in bytes (all of it, or less the pages MADV_FREE
+ * gave back), any "Name: N kB" line of a /proc file, and the threads. */
 #ifndef HAKMEM_TEST_RSS_H
 #define HAKMEM_TEST_RSS_H
 
@@ -12,7 +12,7 @@
 /* Read with open and read, not stdio: fopen allocates, and an allocation
  * can run hakmem's due purges (HAKMEM_PURGE_THREAD=0), so a reading would
  * change what it measures. */
-static inline size_t proc_kib_field_bytes(const char *path, const char *format)
+static inline size_t proc_field(const char *path, const char *format)
 {
     char text[8192];
     int fd = open(path, O_RDONLY | O_CLOEXEC);
@@ -22,11 +22,16 @@ static inline size_t proc_kib_field_bytes(const char *path, const char *format)
     if (len <= 0)
         return 0;
     text[len] = '\0';
-    size_t kib = 0;
+    size_t value = 0;
     for (char *line = text; line; line = strchr(line, '\n') ? strchr(line, '\n') + 1 : NULL)
-        if (sscanf(line, format, &kib) == 1)
-            return kib * 1024;
+        if (sscanf(line, format, &value) == 1)
+            return value;
     return 0;
+}
+
+static inline size_t proc_kib_field_bytes(const char *path, const char *format)
+{
+    return proc_field(path, format) * 1024;
 }
 
 static inline size_t rss_bytes(void) { return proc_kib_field_bytes("/proc/self/smaps_rollup", "Rss: %zu kB"); }
@@ -39,5 +44,9 @@ static inline size_t rss_held_bytes(void)
     size_t rss = rss_bytes(), lazy = proc_kib_field_bytes("/proc/self/smaps_rollup", "LazyFree: %zu kB");
     return rss > lazy ? rss - lazy : 0;
 }
+
+/* The threads of the process (0 if unread): the purger thread's start
+ * and exit show here. */
+static inline int thread_count(void) { return (int)proc_field("/proc/self/status", "Threads: %zu"); }
 
 #endif

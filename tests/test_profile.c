@@ -9,7 +9,6 @@
 #include "rss.h"
 
 #include <dlfcn.h>
-#include <fcntl.h>
 #include <malloc.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -352,22 +351,6 @@ static void test_sampled_tiny_slots(void)
         free(blocks[i]);
     printf("sampled tiny blocks: %zu KiB resident for %zu KiB asked\n", grown >> 10, (size_t)COUNT * 16 >> 10);
     CHECK(grown < 2 * COUNT * 16);
-}
-
-/* Threads of this process, read without an allocation (stdio's would be
- * one). */
-static int thread_count(void)
-{
-    char text[4096];
-    int fd = open("/proc/self/status", O_RDONLY);
-    ssize_t n = fd >= 0 ? read(fd, text, sizeof text - 1) : -1;
-    if (fd >= 0)
-        close(fd);
-    if (n <= 0)
-        return -1;
-    text[n] = 0;
-    const char *line = strstr(text, "\nThreads:");
-    return line ? atoi(line + strlen("\nThreads:")) : -1;
 }
 
 /* The child of test_sample_starting_purger, a young program in a fresh

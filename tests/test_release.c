@@ -109,37 +109,6 @@ static uint64_t rng(uint64_t *s)
     return *s;
 }
 
-/* A smaps_rollup field in bytes. */
-static size_t rollup_field(const char *name)
-{
-    FILE *f = fopen("/proc/self/smaps_rollup", "r");
-    char line[256], format[64];
-    size_t kib = 0;
-    snprintf(format, sizeof format, "%s: %%zu kB", name);
-    while (f && fgets(line, sizeof line, f))
-        if (sscanf(line, format, &kib) == 1)
-            break;
-    if (f)
-        fclose(f);
-    return kib * 1024;
-}
-
-/* The kernel's count, read without allocating: opendir's buffer is a
- * block whose free wakes the purger. */
-static int thread_count(void)
-{
-    char text[4096];
-    int fd = open("/proc/self/status", O_RDONLY), n = -1;
-    ssize_t len = fd >= 0 ? read(fd, text, sizeof text - 1) : -1;
-    if (fd >= 0)
-        close(fd);
-    text[len > 0 ? len : 0] = 0;
-    const char *line = strstr(text, "\nThreads:");
-    if (line)
-        sscanf(line, "\nThreads: %d", &n);
-    return n;
-}
-
 static void **blocks;
 static size_t block_count;
 
@@ -272,7 +241,7 @@ static void mode_lazyfree(size_t start)
     for (int waited = 0; waited < 3000; waited += 50) {
         usleep(50 * 1000);
         rss = rss_bytes();
-        lazy = rollup_field("LazyFree");
+        lazy = proc_kib_field_bytes("/proc/self/smaps_rollup", "LazyFree: %zu kB");
         if (rss - lazy <= goal)
             break;
     }
