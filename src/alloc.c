@@ -276,33 +276,26 @@ static inline void slab_free_owned(slab_t *s, void *p)
     s->used--;
 }
 
-/* p, freed by the owner of s (a mid class), goes to the class's stash;
- * false if p is not a live block's start. A full stash, or in the
- * hardened build, which links a list only inside one SuperSlab
- * (block_next), a stash of another SuperSlab, sends p to its slab's own
- * list instead. The purger changes these lists under its claim: called
- * inside the owner's mark (heap_mid_enter). */
+/* p, freed by the owner of s (a mid class), goes to the class's stash,
+ * or where the stash has no room for it (heap_stash_take), to its slab's
+ * own list; false if p is not a live block's start. Inside the owner's
+ * mark (heap_mid_enter). */
 static inline bool heap_mid_push(heap_t *heap, slab_t *s, void *p)
 {
-    uint64_t offset_times_recip = (uint64_t)((char *)p - s->start) * s->recip;
-    if (unlikely((offset_times_recip & RECIP_REMAINDER_BITS) || (char *)p >= s->carved_end || !s->used ||
-                 block_is_free(p)))
+    if (unlikely(!slab_block_in_use(s, p)))
         return false;
-    uintptr_t head = *heap_stash(heap, s->class_idx);
-    if ((size_t)front_count(head) * s->block_size < HEAP_STASH_BYTES &&
-        (!HAK_SECURE || !head || superslab_of(front_first(head)) == superslab_of(p))) {
-        HAK_COUNT(heap, free_stashed);
-        heap_stash_push(heap, s->class_idx, p);
-        return true;
+    if (!heap_stash_take(heap, s, p)) {
+        HAK_COUNT(heap, free_local_slow);
+        slab_free_owned(s, p);
     }
-    HAK_COUNT(heap, free_local_slow);
-    slab_free_owned(s, p);
     return true;
 }
 
-/* Everything the free fast path does not take but the cached frees:
- * checked, diagnosed, pushed where it belongs. */
-static HAK_NOINLINE void hak_free_diagnosed(slab_t *s, void *p, const char *op)
+/* Everything the free fast path (hak_free_checked) does not take:
+ * checked, diagnosed, pushed where it belongs. The owner's free of a
+ * mid block comes here while the purger claims the stashes, where the
+ * stash has no room for it, or for an aligned block's interior pointer. */
+void hak_free_irregular(slab_t *s, void *p, const char *op)
 {
     prefetch_for_write(p);
     void *block = slab_block_checked(s, p, op);
@@ -319,7 +312,7 @@ static HAK_NOINLINE void hak_free_diagnosed(slab_t *s, void *p, const char *op)
         hak_remote_free(s, block);
         return;
     }
-    if (owner & SLAB_STASHES_FREES) { /* while a claim was on, or an aligned block's interior pointer */
+    if (owner & SLAB_STASHES_FREES) {
         while (unlikely(!heap_mid_enter(heap)))
             heap_mid_wait(heap);
         bool pushed = heap_mid_push(heap, s, block);
@@ -336,30 +329,6 @@ static HAK_NOINLINE void hak_free_diagnosed(slab_t *s, void *p, const char *op)
         return;
     }
     slab_free_owned(s, block);
-}
-
-/* Frees the fast path did not take. The owner's of a mid class (its
- * slabs flagged SLAB_STASHES_FREES) go to the class's stash, to be the
- * next block handed out while its lines are in L1 (on the slab's list it
- * came back only at the next refill: bench mid 1.15-1.25 times as fast);
- * the slabs no longer empty while the thread runs, and the purger
- * flushes the stashes. While it does, or if p is odd, the diagnosed path
- * waits or reports. The fast path's compare of the owner word does not
- * look for the flag: a second compare there cost every tiny malloc/free
- * pair an instruction. */
-void hak_free_irregular(slab_t *s, void *p, const char *op)
-{
-    heap_t *heap = heap_get();
-    uintptr_t owner = atomic_load_explicit(&s->owner, memory_order_relaxed);
-    if (likely(owner == ((uintptr_t)heap | SLAB_STASHES_FREES)) && likely(heap_mid_enter(heap))) {
-        bool pushed = heap_mid_push(heap, s, p);
-        heap_mid_leave(heap);
-        if (likely(pushed)) {
-            heap_mid_cached(heap);
-            return;
-        }
-    }
-    hak_free_diagnosed(s, p, op);
 }
 
 /* ---- usable size and realloc ------------------------------------------------- */
