@@ -50,6 +50,7 @@ static HAK_NOINLINE void *hak_alloc_mid_slow(unsigned c, size_t size, uintptr_t 
         b = hak_alloc_from(heap, c, size, site);
     }
     heap_mid_leave(heap);
+    purger_start_if_wanted();
     return b;
 }
 
@@ -317,6 +318,7 @@ void hak_free_irregular(slab_t *s, void *p, const char *op)
             heap_mid_wait(heap);
         bool pushed = heap_mid_push(heap, s, block);
         heap_mid_leave(heap);
+        purger_start_if_wanted();
         if (!pushed)
             hak_report_bad_pointer(op, p, "double free");
         else

@@ -80,8 +80,7 @@ static void heap_leave_lists(heap_t *heap)
 {
     atomic_signal_fence(memory_order_seq_cst);
     atomic_store_explicit(&heap->in_slow, 0, memory_order_release);
-    if (unlikely(atomic_load_explicit(&hak_purger_start_wanted, memory_order_relaxed)))
-        purger_heap_settled();
+    purger_start_if_wanted();
 }
 
 /* ---- slab operations (owner only) ----------------------------------------- */

@@ -654,6 +654,16 @@ void purger_notify_freed(size_t bytes);
 void purger_notify_cached(void);
 void purger_poll(void);
 void purger_heap_settled(void);
+
+/* The calling thread has left a list update or a mid section, inside
+ * which a start of the purger thread waits (purger_notify): start it now
+ * if one waits. */
+static inline void purger_start_if_wanted(void)
+{
+    if (unlikely(atomic_load_explicit(&hak_purger_start_wanted, memory_order_relaxed)))
+        purger_heap_settled();
+}
+
 void purger_fork_child(void);
 
 /* ---- Page arenas (arena.c) ---------------------------------------------- */

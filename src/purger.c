@@ -116,6 +116,14 @@ static void *purger_main(void *arg)
     return NULL;
 }
 
+/* The calling thread, whose heap is heap, is inside a mid section
+ * (heap_mid_enter). Threads without a heap of their own mark the shared
+ * hak_empty_heap on their way to one, which says nothing of the caller. */
+static bool heap_in_mid_section(heap_t *heap)
+{
+    return heap != &hak_empty_heap && atomic_load_explicit(&heap->mid_busy, memory_order_relaxed);
+}
+
 /* Start the thread with every signal blocked: signals go to the program's
  * own threads. Where it cannot be started (a thread limit), or starting
  * it may be what kills the program (a seccomp filter: os_thread_filtered),
@@ -124,6 +132,7 @@ static void *purger_main(void *arg)
  * servers set) has done nothing wrong, and its stderr is its own. */
 static void purger_start(void)
 {
+    hak_assert(!heap_in_mid_section(heap_get()));
     bool filtered = os_thread_filtered();
     int rc = EAGAIN;
     if (!filtered) {
@@ -160,10 +169,14 @@ static void purge_inline(void)
         purge_pass();
 }
 
-/* Pages now wait for a purge. Called with no hakmem lock held; a heap may
- * be in the middle of a list update, and since starting a thread
- * allocates, the start then waits for purger_heap_settled (as it does on
- * the purger itself, whose exit frees its thread's records). */
+/* Pages now wait for a purge. Called with no hakmem lock held; the
+ * caller's heap may be in the middle of a list update or of a mid section
+ * (heap_mid_enter), and since starting a thread allocates, the start then
+ * waits for purger_heap_settled (as it does on the purger itself, whose
+ * exit frees its thread's records): inside a mid section,
+ * pthread_create's allocation of a mid size (its TLS vector, with 48
+ * modules or more) would end the section's mark while the outer pop still
+ * ran, and the thread started could claim the caches under it. */
 void purger_notify(void)
 {
     if (!hak_config.purge_thread) {
@@ -174,7 +187,9 @@ void purger_notify(void)
     if (atomic_load_explicit(&purger_pending, memory_order_relaxed) &&
         atomic_load_explicit(&purger_running, memory_order_relaxed))
         return;
-    bool may_start = !purger_self && !atomic_load_explicit(&heap_get()->in_slow, memory_order_relaxed);
+    heap_t *heap = heap_get();
+    bool may_start =
+        !purger_self && !atomic_load_explicit(&heap->in_slow, memory_order_relaxed) && !heap_in_mid_section(heap);
     pthread_mutex_lock(&purger_lock);
     atomic_store_explicit(&purger_pending, true, memory_order_relaxed);
     bool start = !atomic_load_explicit(&purger_running, memory_order_relaxed);

@@ -58,6 +58,10 @@
  *            the delay starts it;
  *   young_bound (the same) frees that leave more than 2.25 MiB in all
  *            start it at once;
+ *   young_mid (HAKMEM_PURGE_DELAY_MS=100) the first mid-size malloc
+ *            after the delay starts the thread the young frees left
+ *            waiting, once its mid section is over (the debug build
+ *            asserts that no start runs inside one);
  *   smallpages (and smallpages_sampled, HAKMEM_PROFILE_SAMPLE=2) a
  *            program's first blocks, sampled ones and a page arena's
  *            too, lie in mappings
@@ -539,6 +543,28 @@ static void mode_young_bound(void)
     CHECK(thread_count() == 2);
 }
 
+/* (HAKMEM_PURGE_DELAY_MS=100) A young program's 2 MiB block, freed into
+ * BigCache, leaves the purger thread to start at the next slow path after
+ * the delay: here the refill of a mid class, inside the heap's mid
+ * section (heap_mid_enter). pthread_create allocates, and there an
+ * allocation of a mid size (the new thread's TLS vector, with 48 modules
+ * or more) ended the section's mark while the refill still ran, so that
+ * the thread could claim the caches under it. The start waits until the
+ * section is over (the debug build asserts it in purger_start) and comes
+ * before the malloc returns. */
+static void mode_young_mid(void)
+{
+    touch_and_free(2 << 20);
+    CHECK(thread_count() == 1);
+    usleep(300 * 1000);
+    void *p = malloc(4096); /* the class's first: a refill */
+    CHECK(p && hak_owns(p));
+    int threads = thread_count();
+    free(p);
+    printf("young_mid: %d threads after the first mid malloc past the delay\n", threads);
+    CHECK(threads == 2);
+}
+
 /* Waits for the child pid: whether it exited with 0. */
 static bool exited_cleanly(pid_t pid)
 {
@@ -913,6 +939,8 @@ int main(int argc, char **argv)
         mode_young(start);
     else if (!strcmp(mode, "young_bound"))
         mode_young_bound();
+    else if (!strcmp(mode, "young_mid"))
+        mode_young_mid();
     else if (!strcmp(mode, "smallpages"))
         mode_smallpages(false);
     else if (!strcmp(mode, "smallpages_sampled"))
