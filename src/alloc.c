@@ -333,6 +333,12 @@ void hak_free_irregular(slab_t *s, void *p, const char *op)
     slab_free_owned(s, block);
 }
 
+void hak_free_stashed_or_irregular(slab_t *s, void *p, const char *op)
+{
+    if (!hak_free_stashed(s, p))
+        hak_free_irregular(s, p, op);
+}
+
 /* ---- usable size and realloc ------------------------------------------------- */
 
 #define LARGE_SHRINK_COPY_MAX ((size_t)64 << 10)
