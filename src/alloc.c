@@ -308,6 +308,10 @@ void hak_free_irregular(slab_t *s, void *p, const char *op)
     }
     heap_t *heap = heap_get();
     uintptr_t owner = atomic_load_explicit(&s->owner, memory_order_relaxed);
+    if (unlikely(heap == &hak_empty_heap) && heap_thread_adopt(slab_owner_heap(owner))) {
+        heap = heap_get();
+        owner = atomic_load_explicit(&s->owner, memory_order_relaxed);
+    }
     if (slab_owner_heap(owner) != heap) {
         HAK_COUNT(heap, free_remote);
         hak_remote_free(s, block);

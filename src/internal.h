@@ -612,6 +612,7 @@ static inline void heap_mid_cached(heap_t *heap)
 
 void *heap_alloc_slow(heap_t *heap, unsigned c, size_t size, uintptr_t site);
 heap_t *heap_thread_init(void);
+bool heap_thread_adopt(heap_t *owner);
 void heap_free_last_block(slab_t *s, void *block); /* s's owner is the caller */
 void heap_slab_mark_aligned(slab_t *s);
 void heap_collect(heap_t *heap, bool unmap_now);
