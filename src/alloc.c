@@ -295,7 +295,9 @@ static inline bool heap_mid_push(heap_t *heap, slab_t *s, void *p)
 /* Everything the free fast path (hak_free_checked) does not take:
  * checked, diagnosed, pushed where it belongs. The owner's free of a
  * mid block comes here while the purger claims the stashes, where the
- * stash has no room for it, or for an aligned block's interior pointer. */
+ * stash has no room for it, or for an aligned block's interior pointer.
+ * A thread without a heap that frees an exited thread's block takes that
+ * thread's heap first (heap_thread_adopt). */
 void hak_free_irregular(slab_t *s, void *p, const char *op)
 {
     prefetch_for_write(p);
