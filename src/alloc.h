@@ -72,14 +72,18 @@ static inline void *hak_alloc(size_t size, uintptr_t site)
     return hak_alloc_slow_size(size, site);
 }
 
-/* p starts a block of s that is handed out: on a block boundary, carved,
- * the slab counting blocks in use, and p not marked free. */
-static inline bool slab_block_in_use(const slab_t *s, const void *p)
+/* p starts a block of s that was handed out and is not marked free: on a
+ * block boundary and carved. The owner's frees check this much on the
+ * fast path. */
+static inline bool slab_block_unfreed(const slab_t *s, const void *p)
 {
     uint64_t offset_times_recip = (uint64_t)((const char *)p - s->start) * s->recip;
-    return !(offset_times_recip & RECIP_REMAINDER_BITS) && (const char *)p < s->carved_end && s->used &&
-           !block_is_free(p);
+    return !(offset_times_recip & RECIP_REMAINDER_BITS) && (const char *)p < s->carved_end && !block_is_free(p);
 }
+
+/* The same, and the slab counts blocks in use (a stashed block stays
+ * counted). */
+static inline bool slab_block_in_use(const slab_t *s, const void *p) { return s->used && slab_block_unfreed(s, p); }
 
 /* p, a live block of s (a mid slab the caller owns), joins its class's
  * stash if the stash has room: up to HEAP_STASH_BYTES, and in the
@@ -153,10 +157,8 @@ static inline void hak_free_checked(void *p, const char *op)
     slab_t *s = slab_of(superslab_of(p), p);
     heap_t *heap = heap_get();
     if (likely(atomic_load_explicit(&s->owner, memory_order_relaxed) == (uintptr_t)heap)) {
-        uint64_t offset_times_recip = (uint64_t)((char *)p - s->start) * s->recip;
         uint32_t used = s->used;
-        if (likely(!(offset_times_recip & RECIP_REMAINDER_BITS) && (char *)p < s->carved_end &&
-                   !block_is_free(p))) {
+        if (likely(slab_block_unfreed(s, p))) {
             if (likely(used > 1)) {
                 HAK_COUNT(heap, free_local);
                 block_link(p, s->free);
