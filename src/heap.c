@@ -242,36 +242,38 @@ static void *slab_take_list(slab_t *s)
  * carving before taking the remote frees had a producer whose blocks a
  * consumer frees touch each class's whole slab (bench prodcons: 5.9 MiB
  * resident at the end against 3.2, docs/benchmarks.md session 25).
+ * A short local list means another refill soon (a small ring of live
+ * blocks keeps it short for good): the remote frees go first, and the
+ * list waits to grow, else it is lengthened once with new blocks. (It
+ * was lengthened with new blocks while remote frees waited: larson's
+ * owners, which free some of their blocks themselves, carved every slab
+ * of the small classes whole, 64 KiB for a few KiB in use, session 47.)
  * Every block handed to the cache counts as used. */
 static void *slab_take_blocks(heap_t *heap, slab_t *s)
 {
     heap_unkeep(heap, s);
-    void *list, *tail;
-    if (s->free) {
+    uint32_t local = s->carved - s->used; /* the remote list counts as used */
+    if (s->free && !slab_list_is_short(s, local)) {
         HAK_COUNT(heap, refill_local);
-        uint32_t local = s->carved - s->used; /* the remote list counts as used */
-        list = slab_take_list(s);
-        /* A short list means another refill soon (a small ring of live
-         * blocks keeps it short for good): lengthen it once with new ones. */
-        if (slab_list_is_short(s, local)) {
-            void *fresh = slab_carve(s, &tail);
-            if (fresh) {
-                block_link(tail, list);
-                list = fresh;
-            }
-        }
-        return list;
+        return slab_take_list(s);
     }
     /* Remote blocks count as used: no need to walk the list. */
     if (atomic_load_explicit(&s->remote, memory_order_relaxed)) {
-        list = atomic_exchange_explicit(&s->remote, NULL, memory_order_acquire);
         HAK_COUNT(heap, refill_remote);
-        return list;
+        return atomic_exchange_explicit(&s->remote, NULL, memory_order_acquire);
     }
-    list = slab_carve(s, &tail);
-    if (list)
-        HAK_COUNT(heap, refill_carve);
-    return list;
+    void *tail, *fresh = slab_carve(s, &tail);
+    if (!s->free) {
+        if (fresh)
+            HAK_COUNT(heap, refill_carve);
+        return fresh;
+    }
+    HAK_COUNT(heap, refill_local);
+    void *list = slab_take_list(s);
+    if (!fresh)
+        return list;
+    block_link(tail, list);
+    return fresh;
 }
 
 /* Put the class's cached blocks back on the current slab's local list, so
