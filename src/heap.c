@@ -941,11 +941,14 @@ static void heap_flush_mid_caches(heap_t *heap)
 }
 
 /* The purger claims heap's mid caches: false if the owner is at them (or
- * at its lists), and then it must look again soon. */
+ * at its lists), and then it must look again soon. The owner's own
+ * inline purge needs no barrier to see its marks: a thread under a
+ * seccomp filter, which membarrier would kill, still empties its own
+ * caches (its thread's front alone may hold 8 MiB). */
 static bool heap_claim_mid(heap_t *heap)
 {
     atomic_store_explicit(&heap->mid_claimed, true, memory_order_relaxed);
-    if (os_membarrier() && !atomic_load_explicit(&heap->mid_busy, memory_order_acquire) &&
+    if ((heap == heap_get() || os_membarrier()) && !atomic_load_explicit(&heap->mid_busy, memory_order_acquire) &&
         !atomic_load_explicit(&heap->in_slow, memory_order_acquire))
         return true;
     atomic_store_explicit(&heap->mid_claimed, false, memory_order_release);
