@@ -21,6 +21,7 @@
 #include <dlfcn.h>
 
 typedef void (*new_handler_t)(void);
+typedef new_handler_t (*get_new_handler_t)(void);
 typedef struct nothrow_tag { char empty; } nothrow_t; /* std::nothrow_t: passed by reference, never read */
 static const nothrow_t nothrow_value;
 
@@ -49,7 +50,7 @@ static void *new_block(size_t size, size_t align, uintptr_t site)
  * new_handler, then std::bad_alloc, or null for the nothrow forms. */
 static __attribute__((noinline, cold)) void *new_failed(size_t size, size_t align, uintptr_t site, bool nothrow)
 {
-    new_handler_t (*get_handler)(void) = (new_handler_t(*)(void))cxx_runtime("_ZSt15get_new_handlerv", false);
+    get_new_handler_t get_handler = (get_new_handler_t)cxx_runtime("_ZSt15get_new_handlerv", false);
     new_handler_t handler = get_handler ? get_handler() : NULL;
     if (nothrow) {
         if (!handler)
