@@ -717,7 +717,7 @@ bool arena_resize(void *p, size_t size)
 /* ---- the threads' fronts ---------------------------------------------------------- */
 
 /* Each thread's front to the page arenas: the arena blocks of up to
- * 256 KiB it freed, by page count, which its next mallocs of that many
+ * 64 KiB it freed, by page count, which its next mallocs of that many
  * pages take back without the lane lock and while their lines are still
  * in the cache (bench mid, blocks of 1..64 KiB: 31 Mops/s with every block
  * of 16-64 KiB through the lane, docs/benchmarks.md, session 21). The
@@ -726,8 +726,7 @@ bool arena_resize(void *p, size_t size)
  *
  * A bin keeps as many blocks as its thread's mallocs asked for: its limit
  * grows by one each time a malloc finds it empty, up to
- * ARENA_FRONT_BIN_BYTES and while the heap's limits together stay within
- * ARENA_FRONT_BYTES, so a thread that only frees (a consumer of
+ * ARENA_FRONT_BIN_BYTES, so a thread that only frees (a consumer of
  * another's blocks) keeps nothing. The purger empties a front a purge
  * delay after the first free into it, with the mid caches and under the
  * same claim (heap_mid_enter), and its limits start over; a collect or the
@@ -804,7 +803,6 @@ void arena_front_flush(heap_t *heap)
         while (*heap_arena_bin(heap, bin))
             arena_free(arena_front_pop(heap, bin), "free");
     memset(heap->arena_front_limit, 0, sizeof heap->arena_front_limit);
-    heap->arena_front_limits_bytes = 0;
 }
 
 /* ---- giving pages back ---------------------------------------------------------- */

@@ -421,23 +421,14 @@ typedef struct bigcache_front {
 #define ARENA_PAGES ((uint32_t)(ARENA_SIZE >> ARENA_PAGE_SHIFT))
 
 /* A heap's front to the page arenas (arena.c, "the threads' fronts"): the
- * arena blocks of up to 256 KiB its thread freed, by page count, for its
+ * arena blocks of up to 64 KiB its thread freed, by page count, for its
  * next mallocs of that many pages; the owner's under its mid mark
- * (heap_mid_enter). The bins up to 64 KiB are the mid fronts after the
- * stashes (front_of); those above, reached by page count alone, serve
- * blocks of 64-256 KiB without the lane lock, as tcmalloc's thread cache
- * does (bench_battle mir, 256 KiB: 345.6 -> 302.9 ns on a 16-core Xeon,
- * tcmalloc 303.1; docs/benchmarks.md, session 48). Where the large
- * threshold is below 256 KiB, no malloc reaches the bins above it, whose
- * limits then stay 0: they keep nothing. A bin holds up to
- * ARENA_FRONT_BIN_BYTES, a heap's bins together ARENA_FRONT_BYTES: above
- * the 6 MiB that the 12 bins up to 64 KiB could hold before, a quarter of
- * the 30 MiB that 60 full bins would. */
+ * (heap_mid_enter). Its bins are the mid fronts after the stashes
+ * (front_of). A bin holds up to ARENA_FRONT_BIN_BYTES. */
 #define ARENA_FRONT_MIN_PAGES ((uint32_t)(SLAB_CLASS_MAX >> ARENA_PAGE_SHIFT) + 1)
-#define ARENA_FRONT_MAX_PAGES ((uint32_t)((256u << 10) >> ARENA_PAGE_SHIFT))
+#define ARENA_FRONT_MAX_PAGES ((uint32_t)(LARGE_THRESHOLD_MIN >> ARENA_PAGE_SHIFT)) /* never large */
 #define ARENA_FRONT_BINS (ARENA_FRONT_MAX_PAGES - ARENA_FRONT_MIN_PAGES + 1)
 #define ARENA_FRONT_BIN_BYTES ((size_t)512 << 10)
-#define ARENA_FRONT_BYTES ((size_t)8 << 20)
 #define FRONT_LISTS (MID_CLASSES + ARENA_FRONT_BINS)
 
 /* A mid front's head word is its first block's address (a multiple of
@@ -526,7 +517,6 @@ typedef struct heap {
      * page arenas, a bin per page count. */
     uintptr_t front[FRONT_LISTS];
     uint8_t arena_front_limit[ARENA_FRONT_BINS]; /* grows by one each time a malloc finds the bin empty */
-    uint32_t arena_front_limits_bytes;           /* the limits' bytes together, up to ARENA_FRONT_BYTES */
     /* The SuperSlabs this heap carves slabs from, binned by their longest
      * run of free pages (bin 31: empty), so that a slab of k pages is
      * placed in the SuperSlab with the shortest run that holds it. */
@@ -736,11 +726,8 @@ static inline void *arena_front_take(heap_t *heap, size_t size)
     void *b = NULL;
     if (likely(*heap_arena_bin(heap, bin) != 0))
         b = arena_front_pop(heap, bin);
-    else if ((size_t)(*limit + 1) * pages * ARENA_PAGE <= ARENA_FRONT_BIN_BYTES &&
-             heap->arena_front_limits_bytes + pages * ARENA_PAGE <= ARENA_FRONT_BYTES && hak_claims_on) {
+    else if ((size_t)(*limit + 1) * pages * ARENA_PAGE <= ARENA_FRONT_BIN_BYTES && hak_claims_on)
         ++*limit; /* without claims (no membarrier) the purger could not empty it: none */
-        heap->arena_front_limits_bytes += pages * ARENA_PAGE;
-    }
     heap_mid_leave(heap);
     return b;
 }

@@ -33,8 +33,7 @@ const uint8_t hak_front_of[LARGE_THRESHOLD_MIN / FRONT_GRANULE] = {
 #undef FRONT_PAGE
 #undef R8
 
-_Static_assert(TINY_CLASSES == 64 && MID_CLASSES == 32 && ARENA_FRONT_MIN_PAGES == 5 &&
-                   (LARGE_THRESHOLD_MIN >> ARENA_PAGE_SHIFT) == 16 && ARENA_FRONT_MAX_PAGES >= 16,
+_Static_assert(TINY_CLASSES == 64 && MID_CLASSES == 32 && ARENA_FRONT_MIN_PAGES == 5 && ARENA_FRONT_BINS == 12,
                "hak_front_of's values");
 
 uint32_t hak_class_size[CLASS_COUNT];

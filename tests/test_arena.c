@@ -8,8 +8,8 @@
  * of reused pages reads zeros, threads free each other's blocks, and
  * hak_collect(true) unmaps every empty arena, also while threads allocate
  * (purges run with the lane unlocked). A thread's front keeps the
- * blocks of up to 256 KiB it freed for its next mallocs, as many as those
- * asked for and 8 MiB at most, until a collect or the purge delay, and stops the program at
+ * blocks of up to 64 KiB it freed for its next mallocs, as many as those
+ * asked for, until a collect or the purge delay, and stops the program at
  * a link a write after free changed; each size up to 64 KiB has its list,
  * the slab classes' and the arenas' alike. */
 #define _GNU_SOURCE
@@ -60,17 +60,16 @@ static int intact(const char *p, size_t size, int value)
     return 1;
 }
 
-/* A block is an arena's: counted in its bytes, whole pages. (A size
- * above the thread's front, which may keep the block at its free.) */
+/* A block is an arena's: counted in its bytes, whole pages. */
 static void test_served(void)
 {
     size_t before = stats().arena_bytes;
-    char *p = heap_malloc(300000);
+    char *p = heap_malloc(200000);
     hak_stats_t s = stats();
-    CHECK(p && hak_owns(p) && hak_owns(p + 299999));
+    CHECK(p && hak_owns(p) && hak_owns(p + 199999));
     CHECK(s.arenas >= 1);
-    CHECK(s.arena_bytes == before + pages_of(300000));
-    CHECK(malloc_usable_size(p) == pages_of(300000));
+    CHECK(s.arena_bytes == before + pages_of(200000));
+    CHECK(malloc_usable_size(p) == pages_of(200000));
     CHECK((uintptr_t)p % 4096 == 0);
     free(p);
     CHECK(stats().arena_bytes == before);
@@ -148,60 +147,6 @@ static void test_front_every_size(void)
     hak_collect(true); /* no purge left pending: test_trim's figures under MADV_FREE would count one */
 }
 
-/* The bins above 64 KiB, up to 256 KiB (64 pages), found by page count
- * alone, keep blocks as the others do; a block of 65 pages goes back to
- * its arena. */
-static void test_front_to_256k(void)
-{
-    hak_collect(false);
-    size_t before = stats().arena_bytes;
-    free(heap_malloc(256 * KiB)); /* its bin was empty: it keeps one block from now on */
-    char *a = heap_malloc(256 * KiB);
-    free(a);
-    CHECK(stats().arena_bytes == before + 256 * KiB && !hak_owns(a));
-    CHECK(heap_malloc(252 * KiB + 1) == a);
-    free(a);
-    free(heap_malloc(256 * KiB + 1));
-    free(heap_malloc(256 * KiB + 1));
-    CHECK(stats().arena_bytes == before + 256 * KiB);
-    hak_collect(false);
-    CHECK(stats().arena_bytes == before);
-}
-
-/* A heap's bins keep 8 MiB together at most (ARENA_FRONT_BYTES), where
- * each may keep 512 KiB: with every bin's limit grown to its 512 KiB,
- * the largest first, they stop within a block of 5 pages of 8 MiB. The
- * purger may empty the front meanwhile (its limits start over): three
- * tries. */
-static size_t front_filled_bytes(void)
-{
-    hak_collect(false);
-    size_t before = stats().arena_bytes;
-    for (size_t pages = 64; pages >= 5; pages--) {
-        char *block[512 / 20];
-        size_t n = 512 * KiB / (pages * 4 * KiB);
-        for (size_t i = 0; i < n; i++) /* each finds the bin empty: its limit grows */
-            block[i] = heap_malloc(pages * 4 * KiB);
-        for (size_t i = 0; i < n; i++)
-            free(block[i]);
-    }
-    size_t held = stats().arena_bytes - before;
-    hak_collect(false);
-    CHECK(stats().arena_bytes == before);
-    return held;
-}
-
-static void test_front_budget(void)
-{
-    size_t held = 0;
-    for (int try = 0; try < 3 && held <= 8 * MiB - 20 * KiB; try++) {
-        held = front_filled_bytes();
-        CHECK(held <= 8 * MiB);
-    }
-    printf("front budget: %.2f MiB kept\n", (double)held / (double)MiB);
-    CHECK(held > 8 * MiB - 20 * KiB);
-}
-
 /* A thread that only frees keeps nothing in its front. */
 static char *consumed[8];
 static void *consumer_main(void *arg)
@@ -265,19 +210,18 @@ static void test_front_corrupt_link(void)
 }
 
 /* Two neighbours freed merge; the merged run is the best fit for a block
- * of both their sizes, and is handed out at the same address. (Blocks
- * above the thread's front, which would keep them.) */
+ * of both their sizes, and is handed out at the same address. */
 static void test_coalescing(void)
 {
-    char *a = heap_malloc(300 * KiB), *b = heap_malloc(300 * KiB), *c = heap_malloc(300 * KiB);
-    CHECK(b == a + 300 * KiB && c == b + 300 * KiB); /* consecutive pages of the wilderness */
+    char *a = heap_malloc(256 * KiB), *b = heap_malloc(256 * KiB), *c = heap_malloc(256 * KiB);
+    CHECK(b == a + 256 * KiB && c == b + 256 * KiB); /* consecutive pages of the wilderness */
     free(a);
     free(b);
-    char *ab = heap_malloc(600 * KiB);
+    char *ab = heap_malloc(512 * KiB);
     CHECK(ab == a);
-    fill(ab, 600 * KiB, 3);
-    fill(c, 300 * KiB, 4);
-    CHECK(intact(ab, 600 * KiB, 3) && intact(c, 300 * KiB, 4));
+    fill(ab, 512 * KiB, 3);
+    fill(c, 256 * KiB, 4);
+    CHECK(intact(ab, 512 * KiB, 3) && intact(c, 256 * KiB, 4));
     free(ab);
     free(c);
 }
@@ -597,8 +541,6 @@ int main(int argc, char **argv)
     test_served();
     test_front();
     test_front_every_size();
-    test_front_to_256k();
-    test_front_budget();
     test_front_consumer();
     test_front_corrupt_link();
     test_coalescing();
