@@ -64,7 +64,7 @@ def workloads(full, thread_counts):
             w.append(("memory", f"{kind} x {n}", "memory", [kind, str(n)], ["overhead_pct", "rss_delta_mib"]))
     # mid at 400 k operations a thread measured mostly the first touch of its blocks' pages
     thread_ops = {"larson": 4_000_000, "prodcons": 1_000_000, "churn": 200_000, "batch": 2_000_000, "mid": 2_000_000,
-                  "mid4k": 2_000_000, "spread": 2_000_000}
+                  "mid4k": 2_000_000, "spread": 2_000_000, "big": 1_000_000}
     for threads in thread_counts:
         for name, ops in thread_ops.items():
             ops *= k

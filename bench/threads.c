@@ -12,9 +12,11 @@
  *  mid:      each thread on its own keeps 64 live blocks of 1..64 KiB and
  *            replaces a random one at each step (xmalloc-like, mid tier);
  *  mid4k:    the same with blocks of 4 KiB only (one size of buffer);
- *  spread:   the same with blocks of 16 B..64 KiB, each doubling as likely.
+ *  spread:   the same with blocks of 16 B..64 KiB, each doubling as likely;
+ *  big:      the same with blocks of 64..256 KiB (buffers of varied sizes,
+ *            the page arenas above the threads' fronts).
  * Reports M ops/s (a malloc or a free is one op) and RSS at the end.
- * Usage: threads larson|prodcons|churn|batch|mid|mid4k|spread THREADS OPS_PER_THREAD */
+ * Usage: threads larson|prodcons|churn|batch|mid|mid4k|spread|big THREADS OPS_PER_THREAD */
 #include "common.h"
 
 #include <pthread.h>
@@ -120,7 +122,7 @@ static void *batch(void *arg)
 }
 
 enum { MID_LIVE = 64 };
-enum mid_sizes { MID_1K_64K, MID_4K, MID_SPREAD };
+enum mid_sizes { MID_1K_64K, MID_4K, MID_SPREAD, MID_64K_256K };
 static enum mid_sizes mid_sizes;
 
 /* The size of the block that replaces one. spread: 16 B..64 KiB, each
@@ -135,6 +137,8 @@ static inline size_t mid_size(uint64_t r)
         return 4096;
     if (mid_sizes == MID_1K_64K)
         return 1024 + (r >> 16) % (63 * 1024);
+    if (mid_sizes == MID_64K_256K)
+        return 65536 + (r >> 16) % (192 * 1024);
     size_t base = (size_t)16 << (r >> 16) % 12;
     return base + ((r >> 24) & (base - 1));
 }
@@ -194,6 +198,10 @@ static long run(const char *workload)
         mid_sizes = MID_SPREAD;
         return run_each(mid);
     }
+    if (!strcmp(workload, "big")) {
+        mid_sizes = MID_64K_256K;
+        return run_each(mid);
+    }
     if (!strcmp(workload, "prodcons")) {
         int pairs = nthreads > 1 ? nthreads / 2 : 1;
         channels = calloc((size_t)pairs, sizeof *channels);
@@ -223,7 +231,7 @@ static long run(const char *workload)
 int main(int argc, char **argv)
 {
     if (argc != 4)
-        return fprintf(stderr, "usage: threads larson|prodcons|churn|batch|mid|mid4k|spread THREADS OPS_PER_THREAD\n"), 2;
+        return fprintf(stderr, "usage: threads larson|prodcons|churn|batch|mid|mid4k|spread|big THREADS OPS_PER_THREAD\n"), 2;
     nthreads = atoi(argv[2]);
     if (nthreads < 1 || nthreads > 64)
         return 2;
