@@ -14,7 +14,7 @@
  *  mid4k:    the same with blocks of 4 KiB only (one size of buffer);
  *  spread:   the same with blocks of 16 B..64 KiB, each doubling as likely;
  *  big:      the same with blocks of 64..256 KiB (buffers of varied sizes,
- *            the page arenas above the threads' fronts).
+ *            the size classes of the threads' fronts to the page arenas).
  * Reports M ops/s (a malloc or a free is one op) and RSS at the end.
  * Usage: threads larson|prodcons|churn|batch|mid|mid4k|spread|big THREADS OPS_PER_THREAD */
 #include "common.h"

@@ -161,6 +161,19 @@ static inline void *hak_alloc_front(size_t size, uintptr_t site)
     return hak_alloc_front_missed(size, site);
 }
 
+/* Above the threshold's least value: out of line, so that the pop of
+ * hak_alloc_front needs no stack frame (the call to a class's stack in
+ * the arenas' front gave json's 64 KiB malloc five pushes and pops). */
+static HAK_NOINLINE void *hak_alloc_above_front(size_t size, uintptr_t site)
+{
+    hak_ensure_init(); /* the threshold is an option */
+    if (size <= hak_large_threshold())
+        return hak_alloc_arena(size, 0, site, false);
+    if (unlikely(size > PTRDIFF_MAX))
+        return fail_enomem();
+    return large_alloc(size, 0, site);
+}
+
 /* Up to the threshold's least value the tier depends neither on the
  * threshold nor on init: before its first slow path, which inits, a
  * thread has hak_empty_heap, whose lists are empty and whose sample_left
@@ -169,12 +182,7 @@ void *hak_alloc_slow_size(size_t size, uintptr_t site)
 {
     if (size <= LARGE_THRESHOLD_MIN)
         return hak_alloc_front(size, site);
-    hak_ensure_init(); /* the threshold is an option */
-    if (size <= hak_large_threshold())
-        return hak_alloc_arena(size, 0, site, false);
-    if (unlikely(size > PTRDIFF_MAX))
-        return fail_enomem();
-    return large_alloc(size, 0, site);
+    return hak_alloc_above_front(size, site);
 }
 
 /* A mapping failed: the caches give their mappings back (BigCache's

@@ -45,7 +45,9 @@ enum extent_state { EXTENT_NONE, EXTENT_USED, EXTENT_FREE, EXTENT_PURGING /* fre
  * them free at its last look (seen), and in the head the bin links (page
  * indexes, 0 for none: page 0 is the header's). The head of a used extent
  * has no links: where the block is a profiling sample (sampled), its
- * upper half holds the index of the sample's record (sample.c). */
+ * upper half holds the index of the sample's record (sample.c), and where
+ * it waits in a size class's bin of a thread's front, the first link bit
+ * says so (in front). */
 #define E_PAGES_MASK ((uint64_t)0x7fff)
 #define E_STATE_SHIFT 15
 #define E_STATE_MASK ((uint64_t)3 << E_STATE_SHIFT)
@@ -53,6 +55,7 @@ enum extent_state { EXTENT_NONE, EXTENT_USED, EXTENT_FREE, EXTENT_PURGING /* fre
 #define E_DIRTY ((uint64_t)1 << 18)
 #define E_SEEN ((uint64_t)1 << 19)
 #define E_SAMPLED ((uint64_t)1 << 20)
+#define E_IN_FRONT ((uint64_t)1 << 21) /* a used head's: the block waits in a thread's front, a class's stack */
 #define E_NEXT_SHIFT 21
 #define E_PREV_SHIFT 35
 #define E_LINK_MASK ((uint64_t)0x3fff)
@@ -61,6 +64,7 @@ enum extent_state { EXTENT_NONE, EXTENT_USED, EXTENT_FREE, EXTENT_PURGING /* fre
 #define E_USED_HEAD (E_HEAD | ((uint64_t)EXTENT_USED << E_STATE_SHIFT))
 
 _Static_assert(ARENA_PAGES - 1 <= E_LINK_MASK && ARENA_PAGES <= E_PAGES_MASK, "page indexes fit the links");
+_Static_assert(E_IN_FRONT < (uint64_t)1 << E_RECORD_SHIFT, "a sample's record leaves the in-front bit clear");
 
 static inline uint32_t e_pages(uint64_t e) { return (uint32_t)(e & E_PAGES_MASK); }
 static inline unsigned e_state(uint64_t e) { return (unsigned)((e & E_STATE_MASK) >> E_STATE_SHIFT); }
@@ -94,6 +98,16 @@ static unsigned bin_of(uint32_t pages)
         return pages - 1;
     unsigned b = 31u - (unsigned)__builtin_clz(pages - 1);
     return ARENA_EXACT_BINS + (b - 9) * 4 + (((pages - 1) >> (b - 2)) & 3);
+}
+
+/* A block waiting in a thread's front ("the threads' fronts", below). */
+static uintptr_t arena_front_secret;
+
+static inline uintptr_t arena_front_mark(const void *b) { return arena_front_secret ^ (uintptr_t)b; }
+
+static inline bool block_in_front(const void *b, uint64_t head)
+{
+    return (head & E_IN_FRONT) || ((const uintptr_t *)b)[1] == arena_front_mark(b);
 }
 
 /* ---- arenas and lanes ------------------------------------------------------- */
@@ -530,7 +544,7 @@ static void arena_dirtied(uint32_t pages)
  * docs/benchmarks.md session 30). */
 void *arena_alloc(size_t size, size_t align, unsigned lane_index, bool zero)
 {
-    uint32_t pages = size ? (uint32_t)((size + ARENA_PAGE - 1) >> ARENA_PAGE_SHIFT) : 1;
+    uint32_t pages = size ? arena_class_pages((uint32_t)((size + ARENA_PAGE - 1) >> ARENA_PAGE_SHIFT)) : 1;
     uint32_t align_pages = align > ARENA_PAGE ? (uint32_t)(align >> ARENA_PAGE_SHIFT) : 1;
     uint32_t want = pages + align_pages - 1;
     lane_t *l = &lanes[lane_index];
@@ -598,7 +612,7 @@ static const char *block_fault(arena_t *a, const void *p, uint32_t *start)
     uint64_t e = ((uintptr_t)p & (ARENA_PAGE - 1)) || page >= a->top ? 0 : entry(a, page);
     *start = page;
     if ((e & E_HEAD) && e_state(e) == EXTENT_USED)
-        return arena_block_in_front(p) ? "double free (the block waits in a thread's front)" : NULL;
+        return block_in_front(p, e) ? "double free (the block waits in a thread's front)" : NULL;
     if ((e & E_HEAD) && e_state(e) == EXTENT_FREE)
         return "double free";
     uint32_t head = extent_containing(a, page);
@@ -666,7 +680,8 @@ bool arena_owns(const void *p)
     arena_t *a = arena_of(p);
     lane_lock(a->lane);
     uint32_t head = extent_containing(a, page_index(a, p));
-    bool owned = head && e_state(entry(a, head)) == EXTENT_USED && !arena_block_in_front(page_address(a, head));
+    uint64_t e = head ? entry(a, head) : 0;
+    bool owned = head && e_state(e) == EXTENT_USED && !block_in_front(page_address(a, head), e);
     lane_unlock(a->lane);
     return owned;
 }
@@ -677,7 +692,8 @@ bool arena_owns(const void *p)
 bool arena_resize(void *p, size_t size)
 {
     arena_t *a = arena_of(p);
-    uint32_t start = page_index(a, p), want = (uint32_t)((size + ARENA_PAGE - 1) >> ARENA_PAGE_SHIFT);
+    uint32_t start = page_index(a, p);
+    uint32_t want = arena_class_pages((uint32_t)((size + ARENA_PAGE - 1) >> ARENA_PAGE_SHIFT));
     bool done = true, trim = false;
     lane_lock(a->lane);
     uint64_t head = entry(a, start), sampled = head & E_SAMPLE_BITS;
@@ -717,23 +733,27 @@ bool arena_resize(void *p, size_t size)
 /* ---- the threads' fronts ---------------------------------------------------------- */
 
 /* Each thread's front to the page arenas: the arena blocks of up to
- * 64 KiB it freed, by page count, which its next mallocs of that many
- * pages take back without the lane lock and while their lines are still
- * in the cache (bench mid, blocks of 1..64 KiB: 31 Mops/s with every block
- * of 16-64 KiB through the lane, docs/benchmarks.md, session 21). The
- * malloc side is arena_front_take (internal.h), inline in the allocation
- * path.
+ * 256 KiB it freed, by page count or class (arena_class_pages), which its
+ * next mallocs of that many pages take back without the lane lock and
+ * while their lines are still in the cache (bench mid, blocks of 1..64
+ * KiB: 31 Mops/s with every block of 16-64 KiB through the lane,
+ * docs/benchmarks.md, session 21). The malloc side is arena_front_take
+ * (internal.h), inline in the allocation path.
  *
  * A bin keeps as many blocks as its thread's mallocs asked for: its limit
  * grows by one each time a malloc finds it empty, up to
- * ARENA_FRONT_BIN_BYTES, so a thread that only frees (a consumer of
+ * ARENA_FRONT_BIN_BYTES and while the heap's limits together stay within
+ * ARENA_FRONT_BYTES, so a thread that only frees (a consumer of
  * another's blocks) keeps nothing. The purger empties a front a purge
  * delay after the first free into it, with the mid caches and under the
  * same claim (heap_mid_enter), and its limits start over; a collect or the
  * thread's exit empties it at once. Blocks in a front stay handed out in
- * their arena and carry the fronts' mark (arena_block_in_front): a second
- * free of one is a double free, and hak_owns denies it. */
-uintptr_t arena_front_secret;
+ * their arena, marked (block_in_front): a second free of one is a double
+ * free, and hak_owns denies it. A block of a page count's bin carries the
+ * fronts' mark in its second word, as a free slab block carries its
+ * SuperSlab's (a program's data matches it with a chance of 2^-64), and
+ * its list's link in the first; a block of a class's bin, which nothing
+ * writes into, is marked in its head entry (E_IN_FRONT). */
 
 /* Hardened: b, met on a front's list of blocks of `pages` pages with
  * `count` blocks from it on, must be such a block, and its link must
@@ -745,53 +765,110 @@ void arena_front_check(const uintptr_t *b, uint32_t pages, unsigned count)
         hak_free_list_corrupt(b);
     arena_t *a = arena_of(b);
     uint64_t e = entry(a, page_index(a, b));
-    if ((e & (E_HEAD | E_STATE_MASK | E_SAMPLED)) != E_USED_HEAD || e_pages(e) != pages || !arena_block_in_front(b))
+    if ((e & (E_HEAD | E_STATE_MASK | E_SAMPLED | E_IN_FRONT)) != E_USED_HEAD || e_pages(e) != pages ||
+        ((const uintptr_t *)b)[1] != arena_front_mark(b))
         hak_free_list_corrupt(b);
 }
 
 /* A block's first two words, written by one 16-byte store. */
 typedef uintptr_t link_and_mark_t __attribute__((vector_size(2 * sizeof(uintptr_t)), may_alias));
 
-/* p, inside a page arena, joins the calling thread's front if it starts
- * a block handed out (not in a front, not a sample) of a front's size and
- * its bin has room. A block's head entry changes only when the block does
- * (handed out, sampled, freed, resized), so the thread freeing it reads it
- * without the lane lock. */
-static inline bool front_push(void *p)
+/* p, a block of a class's bin (above 64 KiB) whose head entry e is at
+ * page of a, joins the calling thread's front if its bin has room, or else
+ * arena_free takes it. Out of line, as the take: inline, its registers
+ * gave the free of every front's block a stack frame. */
+static HAK_NOINLINE void class_free(void *p, const char *op, arena_t *a, uint32_t page, uint64_t e)
 {
-    if ((uintptr_t)p & (ARENA_PAGE - 1))
-        return false;
-    arena_t *a = arena_of(p);
-    uint64_t e = entry(a, page_index(a, p));
     uint32_t pages = e_pages(e);
-    uintptr_t mark = arena_front_mark(p);
-    if ((e & (E_HEAD | E_STATE_MASK | E_SAMPLED)) != E_USED_HEAD ||
-        pages - ARENA_FRONT_MIN_PAGES >= ARENA_FRONT_BINS /* fewer wrap around */ || ((uintptr_t *)p)[1] == mark)
-        return false;
-    heap_t *heap = heap_get(); /* hak_empty_heap: no limit above 0 */
-    if (!heap_mid_enter(heap))
-        return false;
-    unsigned bin = pages - ARENA_FRONT_MIN_PAGES;
-    uintptr_t *list = heap_arena_bin(heap, bin), head = *list;
-    bool kept = front_count(head) < heap->arena_front_limit[bin];
-    if (kept) {
-        /* Link and mark in one store (a fork before the head is stored loses the
-         * block in the child, never leaves an unmarked one in a bin). */
-        *(link_and_mark_t *)p = (link_and_mark_t){head, mark};
-        atomic_signal_fence(memory_order_seq_cst);
-        *list = (uintptr_t)p | (front_count(head) + 1);
+    if (pages <= ARENA_FRONT_MAX_PAGES && hak_arena_bin_pages[hak_arena_bin_of[pages]] == pages /* on its class */) {
+        unsigned bin = hak_arena_bin_of[pages], k = bin - ARENA_FRONT_EXACT_BINS;
+        heap_t *heap = heap_get(); /* hak_empty_heap: no limit above 0 */
+        if (heap_mid_enter(heap)) {
+            unsigned n = heap->arena_class_count[k];
+            bool kept = n < heap->arena_front_limit[bin];
+            if (kept) {
+                entry_set(a, page, e | E_IN_FRONT); /* first, as for a list: a fork may lose it, never unmark it */
+                atomic_signal_fence(memory_order_seq_cst);
+                heap->arena_class_stack[k][n] = p;
+                heap->arena_class_count[k] = (uint8_t)(n + 1);
+            }
+            heap_mid_leave(heap);
+            if (kept) {
+                heap_mid_cached(heap);
+                return;
+            }
+        }
     }
-    heap_mid_leave(heap);
-    if (kept)
-        heap_mid_cached(heap);
-    return kept;
+    arena_free(p, op);
 }
 
-/* p, inside a page arena, goes to the calling thread's front, or else
- * arena_free takes it or says what is wrong with it. */
+/* The block on top of class bin k's stack leaves it (a fork between the
+ * two steps loses it in the child). By the owner in its mid mark, or by
+ * the purger under its claim. */
+static void *class_pop(heap_t *heap, unsigned k)
+{
+    void *b = heap->arena_class_stack[k][--heap->arena_class_count[k]];
+    atomic_signal_fence(memory_order_seq_cst);
+    arena_t *a = arena_of(b);
+    uint32_t page = page_index(a, b);
+    entry_set(a, page, entry(a, page) & ~E_IN_FRONT);
+    return b;
+}
+
+/* arena_front_take of a class's size, above 64 KiB: `pages` pages. */
+void *arena_class_take(heap_t *heap, uint32_t pages)
+{
+    if (!heap_mid_enter(heap))
+        return NULL;
+    unsigned bin = hak_arena_bin_of[pages], k = bin - ARENA_FRONT_EXACT_BINS;
+    void *b = NULL;
+    if (likely(heap->arena_class_count[k] != 0))
+        b = class_pop(heap, k);
+    else
+        arena_front_limit_grow(heap, bin);
+    heap_mid_leave(heap);
+    return b;
+}
+
+/* p, inside a page arena, goes to the calling thread's front if it starts
+ * a block handed out (not in a front, not a sample) of a front's size and
+ * its bin has room, or else arena_free takes it or says what is wrong
+ * with it. A block's head entry changes only when the block does (handed
+ * out, sampled, freed, resized, in a class's bin), so the thread freeing
+ * it reads it without the lane lock. */
 void arena_front_free(void *p, const char *op)
 {
-    if (!front_push(p))
+    if ((uintptr_t)p & (ARENA_PAGE - 1)) {
+        arena_free(p, op);
+        return;
+    }
+    arena_t *a = arena_of(p);
+    uint32_t page = page_index(a, p);
+    uint64_t e = entry(a, page);
+    unsigned bin = e_pages(e) - ARENA_FRONT_MIN_PAGES; /* a bin per page count up to 64 KiB (fewer wrap around) */
+    if ((e & (E_HEAD | E_STATE_MASK | E_SAMPLED | E_IN_FRONT)) == E_USED_HEAD && bin >= ARENA_FRONT_EXACT_BINS) {
+        class_free(p, op, a, page, e);
+        return;
+    }
+    uintptr_t mark = arena_front_mark(p);
+    heap_t *heap = heap_get(); /* hak_empty_heap: no limit above 0 */
+    bool kept = false;
+    if ((e & (E_HEAD | E_STATE_MASK | E_SAMPLED | E_IN_FRONT)) == E_USED_HEAD && ((uintptr_t *)p)[1] != mark &&
+        heap_mid_enter(heap)) {
+        uintptr_t *list = heap_arena_bin(heap, bin), head = *list;
+        kept = front_count(head) < heap->arena_front_limit[bin];
+        if (kept) {
+            /* Link and mark in one store (a fork before the head is stored loses the
+             * block in the child, never leaves an unmarked one in a bin). */
+            *(link_and_mark_t *)p = (link_and_mark_t){head, mark};
+            atomic_signal_fence(memory_order_seq_cst);
+            *list = (uintptr_t)p | (front_count(head) + 1);
+        }
+        heap_mid_leave(heap);
+    }
+    if (kept)
+        heap_mid_cached(heap);
+    else
         arena_free(p, op);
 }
 
@@ -799,10 +876,14 @@ void arena_front_free(void *p, const char *op)
  * start over. By the owner, or by the purger under its claim. */
 void arena_front_flush(heap_t *heap)
 {
-    for (unsigned bin = 0; bin < ARENA_FRONT_BINS; bin++)
+    for (unsigned bin = 0; bin < ARENA_FRONT_EXACT_BINS; bin++)
         while (*heap_arena_bin(heap, bin))
             arena_free(arena_front_pop(heap, bin), "free");
+    for (unsigned k = 0; k < ARENA_FRONT_CLASS_BINS; k++)
+        while (heap->arena_class_count[k])
+            arena_free(class_pop(heap, k), "free");
     memset(heap->arena_front_limit, 0, sizeof heap->arena_front_limit);
+    heap->arena_front_limits_bytes = 0;
 }
 
 /* ---- giving pages back ---------------------------------------------------------- */

@@ -421,15 +421,56 @@ typedef struct bigcache_front {
 #define ARENA_PAGES ((uint32_t)(ARENA_SIZE >> ARENA_PAGE_SHIFT))
 
 /* A heap's front to the page arenas (arena.c, "the threads' fronts"): the
- * arena blocks of up to 64 KiB its thread freed, by page count, for its
- * next mallocs of that many pages; the owner's under its mid mark
- * (heap_mid_enter). Its bins are the mid fronts after the stashes
- * (front_of). A bin holds up to ARENA_FRONT_BIN_BYTES. */
+ * arena blocks of up to 256 KiB its thread freed, for its next mallocs of
+ * their size; the owner's under its mid mark (heap_mid_enter). Up to 64
+ * KiB a bin holds blocks of one page count, a list linked through them,
+ * and its bins are the mid fronts after the stashes (front_of). Above,
+ * blocks are size classes, eight per doubling as the mid classes (at most
+ * 12.5% more than asked): with a bin per page count, a thread taking
+ * blocks of random sizes between 64 and 256 KiB found its bin empty
+ * nearly always (48 of them) and ran 1.5 to 3.4 times slower
+ * (docs/benchmarks.md, session 48). A class's bin is a stack of pointers
+ * in the heap, which touches no line of its blocks: a list's link and
+ * mark, written into a 256 KiB block at its free and read at its malloc,
+ * missed the cache there, most of a touch loop later (battle mixed 876.9
+ * ns through the lane, 889.4 with lists, 878.2 with stacks; mir 379.9,
+ * 381.2, 366.8; session 49). A bin holds up to
+ * ARENA_FRONT_BIN_BYTES, a heap's bins together ARENA_FRONT_BYTES. */
 #define ARENA_FRONT_MIN_PAGES ((uint32_t)(SLAB_CLASS_MAX >> ARENA_PAGE_SHIFT) + 1)
-#define ARENA_FRONT_MAX_PAGES ((uint32_t)(LARGE_THRESHOLD_MIN >> ARENA_PAGE_SHIFT)) /* never large */
-#define ARENA_FRONT_BINS (ARENA_FRONT_MAX_PAGES - ARENA_FRONT_MIN_PAGES + 1)
+#define ARENA_EXACT_MAX_PAGES ((uint32_t)(LARGE_THRESHOLD_MIN >> ARENA_PAGE_SHIFT)) /* never large */
+#define ARENA_FRONT_MAX_PAGES ((uint32_t)((256u << 10) >> ARENA_PAGE_SHIFT))
+#define ARENA_CLASSES_PER_DOUBLING 8u
+#define ARENA_FRONT_EXACT_BINS (ARENA_EXACT_MAX_PAGES - ARENA_FRONT_MIN_PAGES + 1)
+#define ARENA_FRONT_CLASS_BINS (2 * ARENA_CLASSES_PER_DOUBLING)
+#define ARENA_FRONT_BINS (ARENA_FRONT_EXACT_BINS + ARENA_FRONT_CLASS_BINS)
 #define ARENA_FRONT_BIN_BYTES ((size_t)512 << 10)
-#define FRONT_LISTS (MID_CLASSES + ARENA_FRONT_BINS)
+#define ARENA_FRONT_BYTES ((size_t)8 << 20)
+#define ARENA_CLASS_STACK 8 /* blocks a class's bin holds at most: 7 of the least class, 72 KiB */
+_Static_assert(ARENA_EXACT_MAX_PAGES == 2 * ARENA_CLASSES_PER_DOUBLING &&
+                   ARENA_FRONT_MAX_PAGES == 4 * ARENA_EXACT_MAX_PAGES,
+               "two doublings of classes above the exact page counts");
+_Static_assert(ARENA_FRONT_BIN_BYTES / ((ARENA_EXACT_MAX_PAGES + 2) * ARENA_PAGE) <= ARENA_CLASS_STACK,
+               "a class's stack holds its bin's bytes");
+
+/* hak_arena_bin_of[pages] for ARENA_FRONT_MIN_PAGES <= pages <=
+ * ARENA_FRONT_MAX_PAGES: the front's bin of the smallest class that holds
+ * that many pages; hak_arena_bin_pages[bin]: its class's pages. Tables, as
+ * the others: computed, the classes took a pair of big (random sizes of
+ * 64-256 KiB) 46 instructions of 290. */
+extern const uint8_t hak_arena_bin_of[ARENA_FRONT_MAX_PAGES + 1];
+extern const uint8_t hak_arena_bin_pages[ARENA_FRONT_BINS];
+
+/* The pages an arena block of `pages` pages asked for takes: up to 64 KiB
+ * as many, then up to 256 KiB its class's (the next multiple of 2 pages
+ * below 128 KiB, of 4 below 256), above that as many again. */
+static inline uint32_t arena_class_pages(uint32_t pages)
+{
+    if (pages <= ARENA_EXACT_MAX_PAGES || pages > ARENA_FRONT_MAX_PAGES)
+        return pages;
+    return hak_arena_bin_pages[hak_arena_bin_of[pages]];
+}
+
+#define FRONT_LISTS (MID_CLASSES + ARENA_FRONT_EXACT_BINS)
 
 /* A mid front's head word is its first block's address (a multiple of
  * 128) with the list's block count in the low bits, and each block's link
@@ -514,9 +555,13 @@ typedef struct heap {
     slab_t *owned[CLASS_COUNT]; /* the class's other slabs: a circular list, searched in turn */
     /* The mid fronts (front_of): each mid class's stash, its freed blocks
      * of any of its slabs, up to HEAP_STASH_BYTES; then the front to the
-     * page arenas, a bin per page count. */
+     * page arenas, a bin per page count up to 64 KiB (its class bins
+     * follow the limits). */
     uintptr_t front[FRONT_LISTS];
     uint8_t arena_front_limit[ARENA_FRONT_BINS]; /* grows by one each time a malloc finds the bin empty */
+    uint32_t arena_front_limits_bytes;           /* the limits' bytes together, up to ARENA_FRONT_BYTES */
+    uint8_t arena_class_count[ARENA_FRONT_CLASS_BINS]; /* the front's class bins: stacks of blocks */
+    void *arena_class_stack[ARENA_FRONT_CLASS_BINS][ARENA_CLASS_STACK];
     /* The SuperSlabs this heap carves slabs from, binned by their longest
      * run of free pages (bin 31: empty), so that a slab of k pages is
      * placed in the SuperSlab with the shortest run that holds it. */
@@ -585,8 +630,8 @@ static inline void heap_mid_leave(heap_t *heap)
 
 _Static_assert(_Alignof(heap_t) > SLAB_FLAGS, "a heap's address leaves the owner word's flag bits clear");
 
-/* Class c's stash (a mid class), and the arenas' front's bin for blocks of
- * ARENA_FRONT_MIN_PAGES + bin pages. */
+/* Class c's stash (a mid class), and the arenas' front's bin `bin`, one of
+ * a page count (below ARENA_FRONT_EXACT_BINS). */
 static inline uintptr_t *heap_stash(heap_t *heap, unsigned c) { return &heap->front[c - TINY_CLASSES]; }
 static inline uintptr_t *heap_arena_bin(heap_t *heap, unsigned bin) { return &heap->front[MID_CLASSES + bin]; }
 
@@ -689,16 +734,7 @@ void arena_fork_child(void);
 void arena_front_free(void *p, const char *op);
 void arena_front_flush(heap_t *heap);
 void arena_front_check(const uintptr_t *b, uint32_t pages, unsigned count);
-
-/* A block in a thread's front carries the fronts' mark in its second
- * word, as a free slab block carries its SuperSlab's (a program's data
- * matches it with a chance of 2^-64): the block stays handed out in its
- * arena, and the mark makes a second free of it a double free. */
-extern uintptr_t arena_front_secret;
-
-static inline uintptr_t arena_front_mark(const void *b) { return arena_front_secret ^ (uintptr_t)b; }
-
-static inline bool arena_block_in_front(const void *b) { return ((const uintptr_t *)b)[1] == arena_front_mark(b); }
+void *arena_class_take(heap_t *heap, uint32_t pages);
 
 /* The first block of an arena front's bin, checked first in the
  * hardened build (front_pop). */
@@ -706,28 +742,44 @@ static inline void *arena_front_pop(heap_t *heap, unsigned bin)
 {
     uintptr_t *list = heap_arena_bin(heap, bin);
     if (HAK_SECURE)
-        arena_front_check(front_first(*list), bin + ARENA_FRONT_MIN_PAGES, front_count(*list));
+        arena_front_check(front_first(*list), hak_arena_bin_pages[bin], front_count(*list));
     return front_pop(list);
+}
+
+/* A malloc found heap's front bin empty: the bin's limit grows by one,
+ * within ARENA_FRONT_BIN_BYTES and the heap's ARENA_FRONT_BYTES. Without
+ * claims (no membarrier) the purger could not empty the front: no limit. */
+static inline void arena_front_limit_grow(heap_t *heap, unsigned bin)
+{
+    uint8_t *limit = &heap->arena_front_limit[bin];
+    size_t bytes = (size_t)hak_arena_bin_pages[bin] << ARENA_PAGE_SHIFT;
+    if ((*limit + 1) * bytes <= ARENA_FRONT_BIN_BYTES && heap->arena_front_limits_bytes + bytes <= ARENA_FRONT_BYTES &&
+        hak_claims_on) {
+        ++*limit;
+        heap->arena_front_limits_bytes += bytes;
+    }
 }
 
 /* A block of size bytes (above the slab classes) from heap's front, or
  * NULL: not a front's size, the bin is empty (its limit then grows by
  * one), or the purger is at the front. Inline in the arenas' allocation
  * path: a call and the checks of the first, out-of-line version cost a
- * 64 KiB malloc/free pair 70 instructions more than a slab block's. */
+ * 64 KiB malloc/free pair 70 instructions more than a slab block's. A
+ * class's bin, above 64 KiB, is out of line (arena_class_take). */
 static inline void *arena_front_take(heap_t *heap, size_t size)
 {
     uint32_t pages = (uint32_t)((size + ARENA_PAGE - 1) >> ARENA_PAGE_SHIFT);
     hak_assert(pages >= ARENA_FRONT_MIN_PAGES);
-    if (pages > ARENA_FRONT_MAX_PAGES || !heap_mid_enter(heap))
+    if (pages > ARENA_EXACT_MAX_PAGES)
+        return pages <= ARENA_FRONT_MAX_PAGES ? arena_class_take(heap, pages) : NULL;
+    if (!heap_mid_enter(heap))
         return NULL;
     unsigned bin = pages - ARENA_FRONT_MIN_PAGES;
-    uint8_t *limit = &heap->arena_front_limit[bin];
     void *b = NULL;
     if (likely(*heap_arena_bin(heap, bin) != 0))
         b = arena_front_pop(heap, bin);
-    else if ((size_t)(*limit + 1) * pages * ARENA_PAGE <= ARENA_FRONT_BIN_BYTES && hak_claims_on)
-        ++*limit; /* without claims (no membarrier) the purger could not empty it: none */
+    else
+        arena_front_limit_grow(heap, bin);
     heap_mid_leave(heap);
     return b;
 }

@@ -33,8 +33,22 @@ const uint8_t hak_front_of[LARGE_THRESHOLD_MIN / FRONT_GRANULE] = {
 #undef FRONT_PAGE
 #undef R8
 
-_Static_assert(TINY_CLASSES == 64 && MID_CLASSES == 32 && ARENA_FRONT_MIN_PAGES == 5 && ARENA_FRONT_BINS == 12,
+_Static_assert(TINY_CLASSES == 64 && MID_CLASSES == 32 && ARENA_FRONT_MIN_PAGES == 5 && ARENA_EXACT_MAX_PAGES == 16,
                "hak_front_of's values");
+
+/* The front to the arenas' bins (internal.h): a page count each up to 64
+ * KiB, then classes of 2 pages to 128 KiB and of 4 to 256 KiB. */
+#define R2(x) x, x
+#define R4(x) x, x, x, x
+const uint8_t hak_arena_bin_of[ARENA_FRONT_MAX_PAGES + 1] = {
+    0,      0,      0,      0,      0,      0,      1,      2,      3,      4,      5,      6,     7,
+    8,      9,      10,     11,     R2(12), R2(13), R2(14), R2(15), R2(16), R2(17), R2(18), R2(19),
+    R4(20), R4(21), R4(22), R4(23), R4(24), R4(25), R4(26), R4(27)};
+const uint8_t hak_arena_bin_pages[ARENA_FRONT_BINS] = {5,  6,  7,  8,  9,  10, 11, 12, 13, 14, 15, 16, 18, 20,
+                                                       22, 24, 26, 28, 30, 32, 36, 40, 44, 48, 52, 56, 60, 64};
+#undef R2
+#undef R4
+_Static_assert(ARENA_FRONT_MAX_PAGES == 64 && ARENA_FRONT_BINS == 28, "hak_arena_bin_of's values");
 
 uint32_t hak_class_size[CLASS_COUNT];
 uint8_t hak_class_span[CLASS_COUNT];
@@ -74,5 +88,10 @@ void sizeclass_init(void)
         hak_assert(hak_class_size[mid_class_of(size)] >= size && hak_class_size[mid_class_of(size) - 1] < size);
     for (size_t size = SLAB_CLASS_MAX + 1; size <= LARGE_THRESHOLD_MIN; size++) /* as many pages */
         hak_assert(front_of(size) == MID_CLASSES + (size + ARENA_PAGE - 1) / ARENA_PAGE - ARENA_FRONT_MIN_PAGES);
+    for (uint32_t pages = ARENA_FRONT_MIN_PAGES; pages <= ARENA_FRONT_MAX_PAGES; pages++) { /* the smallest class */
+        unsigned bin = hak_arena_bin_of[pages];
+        hak_assert(bin < ARENA_FRONT_BINS && hak_arena_bin_pages[bin] >= pages &&
+                   (hak_arena_bin_pages[bin] - pages) * 8 <= pages && (!bin || hak_arena_bin_pages[bin - 1] < pages));
+    }
 #endif
 }

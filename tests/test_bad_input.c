@@ -171,6 +171,35 @@ static void *remote_double_free(size_t size)
     return NULL;
 }
 
+/* The thread's front to the arenas keeps a block of size once a malloc
+ * of it found the bin empty: the cases above, after that, meet the block
+ * waiting there. */
+static void front_primed(size_t size)
+{
+    for (int i = 0; i < 3; i++) {
+        void *volatile p = malloc(size); /* a malloc the compiler would drop with its free */
+        free(p);
+    }
+}
+
+static void *front_double_free(size_t size)
+{
+    front_primed(size);
+    return double_free(size);
+}
+
+static void *front_delayed_double_free(size_t size)
+{
+    front_primed(size);
+    return delayed_double_free(size);
+}
+
+static void *front_cross_thread_double_free(size_t size)
+{
+    front_primed(size);
+    return cross_thread_double_free(size);
+}
+
 static void *interior_free(size_t size)
 {
     char *p = malloc(size);
@@ -214,16 +243,22 @@ static const bad_case_t cases[] = {
     {"interior pointer, tiny", "free(", "interior pointer", 64, interior_free},
     {"interior pointer, mid", "free(", "interior pointer", 5000, interior_free},
     {"interior pointer, large", "free(", "interior pointer", 3 << 20, interior_free},
-    {"double free, arena", "free(", "double free", 200000, double_free},
+    {"double free, arena", "free(", "double free", 400000, double_free},
     {"delayed double free, arena", "free(", "double free", 300000, delayed_double_free},
-    {"cross-thread double free, arena", "free(", "double free", 150000, cross_thread_double_free},
+    {"cross-thread double free, arena", "free(", "double free", 350000, cross_thread_double_free},
     {"remote double free, arena", "free(", "double free", 100000, remote_double_free},
     {"interior pointer, arena", "free(", "interior pointer", 500000, interior_free},
     {"realloc of an arena block's interior", "realloc(", "interior pointer", 90000, interior_realloc},
-    {"double free, arena front", "free(", "double free", 20000, double_free},
-    {"delayed double free, arena front", "free(", "double free", 40000, delayed_double_free},
-    {"cross-thread double free, arena front", "free(", "double free", 30000, cross_thread_double_free},
+    {"double free, arena front", "free(", "waits in a thread's front", 20000, front_double_free},
+    {"delayed double free, arena front", "free(", "waits in a thread's front", 40000, front_delayed_double_free},
+    {"cross-thread double free, arena front", "free(", "waits in a thread's front", 30000,
+     front_cross_thread_double_free},
     {"interior pointer, arena front", "free(", "interior pointer", 50000, interior_free},
+    {"double free, arena front class", "free(", "waits in a thread's front", 200000, front_double_free},
+    {"delayed double free, arena front class", "free(", "waits in a thread's front", 150000,
+     front_delayed_double_free},
+    {"cross-thread double free, arena front class", "free(", "waits in a thread's front", 100000,
+     front_cross_thread_double_free},
     {"realloc of an interior pointer", "realloc(", "interior pointer", 100, interior_realloc},
 };
 

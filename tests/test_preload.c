@@ -132,10 +132,10 @@ static void check_mallopt(void)
     void *blocks[16];
     for (int trim = 0; trim < 2; trim++) {
         CHECK(mallopt(M_TRIM_THRESHOLD, trim ? 32 << 20 : 0) == 1);
-        for (int i = 0; i < 16; i++) {
-            blocks[i] = malloc(256 << 10);
+        for (int i = 0; i < 16; i++) { /* above the thread's front (256 KiB), which would keep some */
+            blocks[i] = malloc(300 << 10);
             if (blocks[i])
-                memset(blocks[i], 1, 256 << 10);
+                memset(blocks[i], 1, 300 << 10);
         }
         for (int i = 16; i-- > 0;)
             free(blocks[i]);
