@@ -775,8 +775,12 @@ typedef uintptr_t link_and_mark_t __attribute__((vector_size(2 * sizeof(uintptr_
 
 /* p, a block of a class's bin (above 64 KiB) whose head entry e is at
  * page of a, joins the calling thread's front if its bin has room, or else
- * arena_free takes it. Out of line, as the take: inline, its registers
- * gave the free of every front's block a stack frame. */
+ * arena_free takes it. Every arena block of these sizes has its class's
+ * pages (arena_class_pages); one that has not (a map entry a stray write
+ * changed) goes to arena_free, never to a bin that would hand it out for
+ * a larger request. Out of line, as the take: inline, its registers gave
+ * the free of every front's block a stack frame (a class_push returning
+ * to it, flatter, cost 3 instructions more a pair). */
 static HAK_NOINLINE void class_free(void *p, const char *op, arena_t *a, uint32_t page, uint64_t e)
 {
     uint32_t pages = e_pages(e);

@@ -944,7 +944,7 @@ static void heap_flush_mid_caches(heap_t *heap)
  * at its lists), and then it must look again soon. The owner's own
  * inline purge needs no barrier to see its marks: a thread under a
  * seccomp filter, which membarrier would kill, still empties its own
- * caches (its front to the arenas alone may hold 6 MiB). */
+ * caches (its front to the arenas alone may hold 8 MiB). */
 static bool heap_claim_mid(heap_t *heap)
 {
     atomic_store_explicit(&heap->mid_claimed, true, memory_order_relaxed);
