@@ -149,9 +149,14 @@ static inline void *hak_alloc_front(size_t size, uintptr_t site)
         return hak_alloc_by_tier(size, site);
     heap_t *heap = heap_get();
     if (likely(heap_mid_enter(heap))) {
-        uintptr_t *list = &heap->front[front_of(size)];
+        unsigned f = front_of(size);
+        uintptr_t *list = &heap->front[f];
         if (likely(*list != 0 && heap->sample_left > 1)) {
-            void *b = front_pop(list);
+            uintptr_t *b = front_pop(list);
+            /* An arena block's mark, in its map, goes; a stash's block
+             * has none there, and the same instructions clear its second
+             * word again. */
+            front_unmark(select_at_least(f, MID_CLASSES, arena_head_entry(b), &b[1]));
             heap->sample_left--;
             heap_mid_leave(heap);
             return b;

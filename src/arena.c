@@ -55,7 +55,7 @@ enum extent_state { EXTENT_NONE, EXTENT_USED, EXTENT_FREE, EXTENT_PURGING /* fre
 #define E_DIRTY ((uint64_t)1 << 18)
 #define E_SEEN ((uint64_t)1 << 19)
 #define E_SAMPLED ((uint64_t)1 << 20)
-#define E_IN_FRONT ((uint64_t)1 << 21) /* a used head's: the block waits in a thread's front, a class's stack */
+/* E_IN_FRONT (internal.h), 1 << 21: a used head's, the block waits in a thread's front */
 #define E_NEXT_SHIFT 21
 #define E_PREV_SHIFT 35
 #define E_LINK_MASK ((uint64_t)0x3fff)
@@ -100,16 +100,6 @@ static unsigned bin_of(uint32_t pages)
     return ARENA_EXACT_BINS + (b - 9) * 4 + (((pages - 1) >> (b - 2)) & 3);
 }
 
-/* A block waiting in a thread's front ("the threads' fronts", below). */
-static uintptr_t arena_front_secret;
-
-static inline uintptr_t arena_front_mark(const void *b) { return arena_front_secret ^ (uintptr_t)b; }
-
-static inline bool block_in_front(const void *b, uint64_t head)
-{
-    return (head & E_IN_FRONT) || ((const uintptr_t *)b)[1] == arena_front_mark(b);
-}
-
 /* ---- arenas and lanes ------------------------------------------------------- */
 
 struct lane;
@@ -134,6 +124,8 @@ typedef struct arena {
     uint16_t bin[ARENA_BINS]; /* head page of the first free extent, 0 for none */
     _Alignas(64) _Atomic uint64_t map[ARENA_PAGES];
 } arena_t;
+
+_Static_assert(offsetof(arena_t, map) == ARENA_MAP_OFFSET, "arena_head_entry finds the map");
 
 #define ARENA_MAGIC 0x48414b41u /* "HAKA" */
 #define ARENA_HEADER_PAGES ((sizeof(arena_t) + ARENA_PAGE - 1) / ARENA_PAGE)
@@ -174,7 +166,6 @@ void arena_init(void)
     cpu_set_t cpus;
     int count = sched_getaffinity(0, sizeof cpus, &cpus) == 0 ? CPU_COUNT(&cpus) : 1;
     lane_count = count < 1 ? 1 : count > ARENA_LANES_MAX ? ARENA_LANES_MAX : (unsigned)count;
-    arena_front_secret = os_random();
 }
 
 unsigned arena_lane_next(void) { return atomic_fetch_add_explicit(&next_lane, 1, memory_order_relaxed) % lane_count; }
@@ -612,7 +603,7 @@ static const char *block_fault(arena_t *a, const void *p, uint32_t *start)
     uint64_t e = ((uintptr_t)p & (ARENA_PAGE - 1)) || page >= a->top ? 0 : entry(a, page);
     *start = page;
     if ((e & E_HEAD) && e_state(e) == EXTENT_USED)
-        return block_in_front(p, e) ? "double free (the block waits in a thread's front)" : NULL;
+        return e & E_IN_FRONT ? "double free (the block waits in a thread's front)" : NULL;
     if ((e & E_HEAD) && e_state(e) == EXTENT_FREE)
         return "double free";
     uint32_t head = extent_containing(a, page);
@@ -681,7 +672,7 @@ bool arena_owns(const void *p)
     lane_lock(a->lane);
     uint32_t head = extent_containing(a, page_index(a, p));
     uint64_t e = head ? entry(a, head) : 0;
-    bool owned = head && e_state(e) == EXTENT_USED && !block_in_front(page_address(a, head), e);
+    bool owned = head && e_state(e) == EXTENT_USED && !(e & E_IN_FRONT);
     lane_unlock(a->lane);
     return owned;
 }
@@ -748,12 +739,10 @@ bool arena_resize(void *p, size_t size)
  * delay after the first free into it, with the mid caches and under the
  * same claim (heap_mid_enter), and its limits start over; a collect or the
  * thread's exit empties it at once. Blocks in a front stay handed out in
- * their arena, marked (block_in_front): a second free of one is a double
- * free, and hak_owns denies it. A block of a page count's bin carries the
- * fronts' mark in its second word, as a free slab block carries its
- * SuperSlab's (a program's data matches it with a chance of 2^-64), and
- * its list's link in the first; a block of a class's bin, which nothing
- * writes into, is marked in its head entry (E_IN_FRONT). */
+ * their arena, marked in their head entry (E_IN_FRONT): a second free of
+ * one is a double free, and hak_owns denies it. A block of a page count's
+ * bin carries its list's link in its first word; nothing is written into
+ * a block of a class's bin. */
 
 /* Hardened: b, met on a front's list of blocks of `pages` pages with
  * `count` blocks from it on, must be such a block, and its link must
@@ -765,13 +754,9 @@ void arena_front_check(const uintptr_t *b, uint32_t pages, unsigned count)
         hak_free_list_corrupt(b);
     arena_t *a = arena_of(b);
     uint64_t e = entry(a, page_index(a, b));
-    if ((e & (E_HEAD | E_STATE_MASK | E_SAMPLED | E_IN_FRONT)) != E_USED_HEAD || e_pages(e) != pages ||
-        ((const uintptr_t *)b)[1] != arena_front_mark(b))
+    if ((e & (E_HEAD | E_STATE_MASK | E_SAMPLED | E_IN_FRONT)) != (E_USED_HEAD | E_IN_FRONT) || e_pages(e) != pages)
         hak_free_list_corrupt(b);
 }
-
-/* A block's first two words, written by one 16-byte store. */
-typedef uintptr_t link_and_mark_t __attribute__((vector_size(2 * sizeof(uintptr_t)), may_alias));
 
 /* p, a block of a class's bin (above 64 KiB) whose head entry e is at
  * page of a, joins the calling thread's front if its bin has room, or else
@@ -813,9 +798,7 @@ static void *class_pop(heap_t *heap, unsigned k)
 {
     void *b = heap->arena_class_stack[k][--heap->arena_class_count[k]];
     atomic_signal_fence(memory_order_seq_cst);
-    arena_t *a = arena_of(b);
-    uint32_t page = page_index(a, b);
-    entry_set(a, page, entry(a, page) & ~E_IN_FRONT);
+    front_unmark(arena_head_entry(b));
     return b;
 }
 
@@ -854,18 +837,17 @@ void arena_front_free(void *p, const char *op)
         class_free(p, op, a, page, e);
         return;
     }
-    uintptr_t mark = arena_front_mark(p);
     heap_t *heap = heap_get(); /* hak_empty_heap: no limit above 0 */
     bool kept = false;
-    if ((e & (E_HEAD | E_STATE_MASK | E_SAMPLED | E_IN_FRONT)) == E_USED_HEAD && ((uintptr_t *)p)[1] != mark &&
-        heap_mid_enter(heap)) {
+    if ((e & (E_HEAD | E_STATE_MASK | E_SAMPLED | E_IN_FRONT)) == E_USED_HEAD && heap_mid_enter(heap)) {
         uintptr_t *list = heap_arena_bin(heap, bin), head = *list;
         kept = front_count(head) < heap->arena_front_limit[bin];
         if (kept) {
-            /* Link and mark in one store (a fork before the head is stored loses the
-             * block in the child, never leaves an unmarked one in a bin). */
-            *(link_and_mark_t *)p = (link_and_mark_t){head, mark};
+            /* The mark first (a fork before the head is stored loses the block in
+             * the child, never leaves an unmarked one in a bin). */
+            entry_set(a, page, e | E_IN_FRONT);
             atomic_signal_fence(memory_order_seq_cst);
+            *(uintptr_t *)p = head;
             *list = (uintptr_t)p | (front_count(head) + 1);
         }
         heap_mid_leave(heap);

@@ -25,6 +25,20 @@
 #define HAK_HOT __attribute__((aligned(64)))
 #define HAK_TLS __attribute__((tls_model("initial-exec"))) __thread
 
+/* x >= limit ? a : b, without a branch: where the outcome is a coin toss,
+ * the branch gcc makes of the conditional mispredicts (bench mid, a size
+ * of 1..64 KiB at random: 17% slower, docs/benchmarks.md, session 50). */
+static inline void *select_at_least(unsigned x, unsigned limit, void *a, void *b)
+{
+#if defined(__x86_64__)
+    __asm__("cmp %2, %3\n\tcmovae %1, %0" : "+r"(b) : "r"(a), "ri"(limit), "r"(x) : "cc");
+    return b;
+#else
+    uintptr_t take_a = -(uintptr_t)(x >= limit);
+    return (void *)(((uintptr_t)a & take_a) | ((uintptr_t)b & ~take_a));
+#endif
+}
+
 void hak_assert_fail(const char *cond, const char *file, int line) __attribute__((noreturn));
 #ifdef HAKMEM_DEBUG
 #define hak_assert(c) ((c) ? (void)0 : hak_assert_fail(#c, __FILE__, __LINE__))
@@ -487,12 +501,11 @@ _Static_assert(ARENA_FRONT_BIN_BYTES / (ARENA_FRONT_MIN_PAGES * ARENA_PAGE) < FR
 static inline uintptr_t *front_first(uintptr_t head) { return (uintptr_t *)(head & ~FRONT_COUNT_MASK); }
 static inline unsigned front_count(uintptr_t head) { return (unsigned)(head & FRONT_COUNT_MASK); }
 
-/* The first block of a mid front leaves it: the list moves on, then the
- * block's mark goes (a fork between the two loses the block in the child,
- * never leaves an unmarked one in a list). The link is read plain: the
- * hardened build decodes a stash's (block_next) and checks an arena
- * block first (arena_front_check), since a write after free may have
- * changed the link that led to it. */
+/* The first block of a mid class's stash leaves it: the list moves on,
+ * then the block's mark goes (a fork between the two loses the block in
+ * the child, never leaves an unmarked one in a list). The link is read
+ * plain: the hardened build decodes it (block_next), since a write after
+ * free may have changed it. */
 static inline void *front_pop(uintptr_t *list)
 {
     uintptr_t *b = front_first(*list);
@@ -736,14 +749,43 @@ void arena_front_flush(heap_t *heap);
 void arena_front_check(const uintptr_t *b, uint32_t pages, unsigned count);
 void *arena_class_take(heap_t *heap, uint32_t pages);
 
+/* A block waiting in a thread's front is marked in its head entry in its
+ * arena's map (arena.c keeps the map ARENA_MAP_OFFSET bytes into the
+ * arena, an entry a page), which only the thread holding the block
+ * writes: neither the free nor the malloc reads a line of the block for
+ * it. Its second word, as the mark of a free slab block, was read by the
+ * free after the program's page-strided writes had flushed the block's
+ * first line from L1: json 100.8 ns against 64.5 without that read on the
+ * AMD host of session 50 (docs/benchmarks.md). */
+#define ARENA_MAP_OFFSET ((size_t)0x500)
+#define E_IN_FRONT ((uint64_t)1 << 21)
+
+/* The head entry of b, an arena block (its first page's). */
+static inline _Atomic uint64_t *arena_head_entry(const void *b)
+{
+    uintptr_t arena = (uintptr_t)b & ~(uintptr_t)ARENA_MASK;
+    return (_Atomic uint64_t *)(arena + ARENA_MAP_OFFSET) + (((uintptr_t)b - arena) >> ARENA_PAGE_SHIFT);
+}
+
+/* The front's mark at *word goes. */
+static inline void front_unmark(_Atomic uint64_t *word)
+{
+    atomic_store_explicit(word, atomic_load_explicit(word, memory_order_relaxed) & ~E_IN_FRONT, memory_order_relaxed);
+}
+
 /* The first block of an arena front's bin, checked first in the
- * hardened build (front_pop). */
+ * hardened build: the list moves on, then the block's mark goes (a fork
+ * between the two loses the block in the child, never leaves an
+ * unmarked one in a list). */
 static inline void *arena_front_pop(heap_t *heap, unsigned bin)
 {
-    uintptr_t *list = heap_arena_bin(heap, bin);
+    uintptr_t *list = heap_arena_bin(heap, bin), *b = front_first(*list);
     if (HAK_SECURE)
-        arena_front_check(front_first(*list), hak_arena_bin_pages[bin], front_count(*list));
-    return front_pop(list);
+        arena_front_check(b, hak_arena_bin_pages[bin], front_count(*list));
+    *list = b[0];
+    atomic_signal_fence(memory_order_seq_cst);
+    front_unmark(arena_head_entry(b));
+    return b;
 }
 
 /* A malloc found heap's front bin empty: the bin's limit grows by one,

@@ -200,6 +200,20 @@ static void *front_cross_thread_double_free(size_t size)
     return cross_thread_double_free(size);
 }
 
+/* The program writes into the block it freed, where a front once kept
+ * its mark (the second word), and frees it again: the mark is in the
+ * arena's map, out of the program's reach. */
+static void *front_double_free_after_write(size_t size)
+{
+    front_primed(size);
+    char *p = malloc(size);
+    announce(p);
+    free(p);
+    ((volatile uintptr_t *)p)[1] = 0;
+    free(p);
+    return NULL;
+}
+
 static void *interior_free(size_t size)
 {
     char *p = malloc(size);
@@ -253,12 +267,16 @@ static const bad_case_t cases[] = {
     {"delayed double free, arena front", "free(", "waits in a thread's front", 40000, front_delayed_double_free},
     {"cross-thread double free, arena front", "free(", "waits in a thread's front", 30000,
      front_cross_thread_double_free},
+    {"double free after a write, arena front", "free(", "waits in a thread's front", 24000,
+     front_double_free_after_write},
     {"interior pointer, arena front", "free(", "interior pointer", 50000, interior_free},
     {"double free, arena front class", "free(", "waits in a thread's front", 200000, front_double_free},
     {"delayed double free, arena front class", "free(", "waits in a thread's front", 150000,
      front_delayed_double_free},
     {"cross-thread double free, arena front class", "free(", "waits in a thread's front", 100000,
      front_cross_thread_double_free},
+    {"double free after a write, arena front class", "free(", "waits in a thread's front", 120000,
+     front_double_free_after_write},
     {"realloc of an interior pointer", "realloc(", "interior pointer", 100, interior_realloc},
 };
 
