@@ -46,8 +46,7 @@ enum extent_state { EXTENT_NONE, EXTENT_USED, EXTENT_FREE, EXTENT_PURGING /* fre
  * indexes, 0 for none: page 0 is the header's). The head of a used extent
  * has no links: where the block is a profiling sample (sampled), its
  * upper half holds the index of the sample's record (sample.c), and where
- * it waits in a size class's bin of a thread's front, the first link bit
- * says so (in front). */
+ * it waits in a thread's front, the first link bit says so (in front). */
 #define E_PAGES_MASK ((uint64_t)0x7fff)
 #define E_STATE_SHIFT 15
 #define E_STATE_MASK ((uint64_t)3 << E_STATE_SHIFT)

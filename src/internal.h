@@ -501,11 +501,13 @@ _Static_assert(ARENA_FRONT_BIN_BYTES / (ARENA_FRONT_MIN_PAGES * ARENA_PAGE) < FR
 static inline uintptr_t *front_first(uintptr_t head) { return (uintptr_t *)(head & ~FRONT_COUNT_MASK); }
 static inline unsigned front_count(uintptr_t head) { return (unsigned)(head & FRONT_COUNT_MASK); }
 
-/* The first block of a mid class's stash leaves it: the list moves on,
- * then the block's mark goes (a fork between the two loses the block in
- * the child, never leaves an unmarked one in a list). The link is read
- * plain: the hardened build decodes it (block_next), since a write after
- * free may have changed it. */
+/* The first block of a mid front leaves it: the list moves on, then the
+ * block's second word, a stash block's mark, goes (a fork between the two
+ * loses the block in the child, never leaves an unmarked one in a list;
+ * an arena block's mark is in its map: the caller clears it after). The
+ * link is read plain: the hardened build decodes a stash's (block_next)
+ * and checks an arena block first (arena_front_check), since a write
+ * after free may have changed the link that led to it. */
 static inline void *front_pop(uintptr_t *list)
 {
     uintptr_t *b = front_first(*list);
@@ -774,16 +776,14 @@ static inline void front_unmark(_Atomic uint64_t *word)
 }
 
 /* The first block of an arena front's bin, checked first in the
- * hardened build: the list moves on, then the block's mark goes (a fork
- * between the two loses the block in the child, never leaves an
- * unmarked one in a list). */
+ * hardened build: the list moves on, then the block's mark in the map
+ * goes (front_pop's zeroing of its second word does no harm). */
 static inline void *arena_front_pop(heap_t *heap, unsigned bin)
 {
-    uintptr_t *list = heap_arena_bin(heap, bin), *b = front_first(*list);
+    uintptr_t *list = heap_arena_bin(heap, bin);
     if (HAK_SECURE)
-        arena_front_check(b, hak_arena_bin_pages[bin], front_count(*list));
-    *list = b[0];
-    atomic_signal_fence(memory_order_seq_cst);
+        arena_front_check(front_first(*list), hak_arena_bin_pages[bin], front_count(*list));
+    void *b = front_pop(list);
     front_unmark(arena_head_entry(b));
     return b;
 }
