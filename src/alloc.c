@@ -19,10 +19,13 @@ static void *fail_enomem(void)
 static inline void *heap_stash_pop(heap_t *heap, unsigned c)
 {
     uintptr_t *stash = heap_stash(heap, c);
-    if (!HAK_SECURE)
-        return front_pop(stash);
-    void *b = front_first(*stash);
-    *stash = (uintptr_t)block_next(b);
+    void *b;
+    if (HAK_SECURE) {
+        b = front_first(*stash);
+        *stash = (uintptr_t)block_next(b);
+    } else {
+        b = front_unlink(stash, 0);
+    }
     block_handed_out(b);
     return b;
 }
@@ -142,7 +145,7 @@ static HAK_NOINLINE void *hak_alloc_front_missed(size_t size, uintptr_t site)
  * the tier went the other way at one malloc in four (docs/benchmarks.md,
  * session 44). Anything else takes the tier's own path: an empty list,
  * the sample, the purger at the fronts, and the hardened build, which
- * reads each tier's links its own way (front_pop). */
+ * reads each tier's links its own way (heap_stash_pop, arena_front_pop). */
 static inline void *hak_alloc_front(size_t size, uintptr_t site)
 {
     if (HAK_SECURE)
@@ -152,11 +155,7 @@ static inline void *hak_alloc_front(size_t size, uintptr_t site)
         unsigned f = front_of(size);
         uintptr_t *list = &heap->front[f];
         if (likely(*list != 0 && heap->sample_left > 1)) {
-            uintptr_t *b = front_pop(list);
-            /* An arena block's mark, in its map, goes; a stash's block
-             * has none there, and the same instructions clear its second
-             * word again. */
-            front_unmark(select_at_least(f, MID_CLASSES, arena_head_entry(b), &b[1]));
+            void *b = mid_front_pop(list, f);
             heap->sample_left--;
             heap_mid_leave(heap);
             return b;

@@ -749,7 +749,7 @@ bool arena_resize(void *p, size_t size)
  * program before it is followed. */
 void arena_front_check(const uintptr_t *b, uint32_t pages, unsigned count)
 {
-    if (segmap_kind(b) != SEG_ARENA || front_count(b[0]) != count - 1)
+    if (segmap_kind(b) != SEG_ARENA || front_count(b[ARENA_FRONT_LINK]) != count - 1)
         hak_free_list_corrupt(b);
     arena_t *a = arena_of(b);
     uint64_t e = entry(a, page_index(a, b));
@@ -846,7 +846,7 @@ void arena_front_free(void *p, const char *op)
              * the child, never leaves an unmarked one in a bin). */
             entry_set(a, page, e | E_IN_FRONT);
             atomic_signal_fence(memory_order_seq_cst);
-            *(uintptr_t *)p = head;
+            ((uintptr_t *)p)[ARENA_FRONT_LINK] = head;
             *list = (uintptr_t)p | (front_count(head) + 1);
         }
         heap_mid_leave(heap);

@@ -25,20 +25,6 @@
 #define HAK_HOT __attribute__((aligned(64)))
 #define HAK_TLS __attribute__((tls_model("initial-exec"))) __thread
 
-/* x >= limit ? a : b, without a branch: where the outcome is a coin toss,
- * the branch gcc makes of the conditional mispredicts (bench mid, a size
- * of 1..64 KiB at random: 17% slower, docs/benchmarks.md, session 50). */
-static inline void *select_at_least(unsigned x, unsigned limit, void *a, void *b)
-{
-#if defined(__x86_64__)
-    __asm__("cmp %2, %3\n\tcmovae %1, %0" : "+r"(b) : "r"(a), "ri"(limit), "r"(x) : "cc");
-    return b;
-#else
-    uintptr_t take_a = -(uintptr_t)(x >= limit);
-    return (void *)(((uintptr_t)a & take_a) | ((uintptr_t)b & ~take_a));
-#endif
-}
-
 void hak_assert_fail(const char *cond, const char *file, int line) __attribute__((noreturn));
 #ifdef HAKMEM_DEBUG
 #define hak_assert(c) ((c) ? (void)0 : hak_assert_fail(#c, __FILE__, __LINE__))
@@ -501,19 +487,29 @@ _Static_assert(ARENA_FRONT_BIN_BYTES / (ARENA_FRONT_MIN_PAGES * ARENA_PAGE) < FR
 static inline uintptr_t *front_first(uintptr_t head) { return (uintptr_t *)(head & ~FRONT_COUNT_MASK); }
 static inline unsigned front_count(uintptr_t head) { return (unsigned)(head & FRONT_COUNT_MASK); }
 
-/* The first block of a mid front leaves it: the list moves on, then the
- * block's second word, a stash block's mark, goes (a fork between the two
- * loses the block in the child, never leaves an unmarked one in a list;
- * an arena block's mark is in its map: the caller clears it after). The
- * link is read plain: the hardened build decodes a stash's (block_next)
- * and checks an arena block first (arena_front_check), since a write
- * after free may have changed the link that led to it. */
-static inline void *front_pop(uintptr_t *list)
+/* The word of an arena front's block that holds its link: the first of
+ * its second line. The first line of a page-aligned block is where a
+ * program's page-strided writes land, all in one L1 set, which they
+ * flush: the free's store of the link there queued behind those writes'
+ * misses, and so did the malloc's clearing of the block's second word
+ * (battle json 65.8 ns against tcmalloc's 59.4; 52.6 with the link here
+ * and the malloc's read of the first line, mid_front_pop; docs/
+ * benchmarks.md, session 51). A stash block's link stays in its first
+ * word, as on its slab's lists. */
+#define ARENA_FRONT_LINK 8
+
+/* The first block of a mid front leaves it, the list moving on to the
+ * head word in the block's word `link`; the caller clears the block's
+ * mark after (a fork between the two loses the block in the child, never
+ * leaves an unmarked one in a list). The link is read plain: the hardened
+ * build decodes a stash's (block_next) and checks an arena block first
+ * (arena_front_check), since a write after free may have changed the link
+ * that led to it. */
+static inline uintptr_t *front_unlink(uintptr_t *list, unsigned link)
 {
     uintptr_t *b = front_first(*list);
-    *list = b[0];
+    *list = b[link];
     atomic_signal_fence(memory_order_seq_cst);
-    b[1] = 0;
     return b;
 }
 
@@ -777,14 +773,56 @@ static inline void front_unmark(_Atomic uint64_t *word)
 
 /* The first block of an arena front's bin, checked first in the
  * hardened build: the list moves on, then the block's mark in the map
- * goes (front_pop's zeroing of its second word does no harm). */
+ * goes. */
 static inline void *arena_front_pop(heap_t *heap, unsigned bin)
 {
     uintptr_t *list = heap_arena_bin(heap, bin);
     if (HAK_SECURE)
         arena_front_check(front_first(*list), hak_arena_bin_pages[bin], front_count(*list));
-    void *b = front_pop(list);
+    void *b = front_unlink(list, ARENA_FRONT_LINK);
     front_unmark(arena_head_entry(b));
+    return b;
+}
+
+/* The first block of mid front f, a stash (f below MID_CLASSES) or an
+ * arena front's bin, with the same instructions for either: a stash's
+ * block is linked by its first word and marked by its second, an arena
+ * block linked by word ARENA_FRONT_LINK and marked by E_IN_FRONT in its
+ * map entry. Where a program mixes the tiers at random, a branch on the
+ * tier mispredicts: bench mid (1..64 KiB) ran 17% slower with one, 8.5%
+ * with a mask select and 3.9% with a cmov (docs/benchmarks.md, session
+ * 50); one compare and a cmov for each word here.
+ *
+ * The mark goes by flipping E_IN_FRONT: an arena block's, set while it
+ * waits, clears; a stash block's mark then differs from its SuperSlab's
+ * in that bit, and block_is_free compares all 64 (clearing the word
+ * whole cost the stash's pop 3 instructions, bench mid4k 2%).
+ *
+ * The block's first line is read, its value unused: the program writes
+ * there next, and the read brings it in while the malloc returns (the
+ * link's read from the second line left it to the program's first
+ * store, behind the stores before it: battle json 58.3 ns without the
+ * read, 52.6 with it; a prefetch instruction 56.4). */
+static inline void *mid_front_pop(uintptr_t *list, unsigned f)
+{
+    uintptr_t *b = front_first(*list), *link = b;
+    _Atomic uint64_t *mark = (_Atomic uint64_t *)&b[1];
+#if defined(__x86_64__)
+    __asm__("cmp %[limit], %[f]\n\t"
+            "cmovae %[arena_link], %[link]\n\t"
+            "cmovae %[arena_mark], %[mark]"
+            : [link] "+r"(link), [mark] "+r"(mark)
+            : [arena_link] "r"(&b[ARENA_FRONT_LINK]), [arena_mark] "r"(arena_head_entry(b)), [limit] "i"(MID_CLASSES),
+              [f] "r"(f)
+            : "cc");
+#else
+    if (f >= MID_CLASSES)
+        link = &b[ARENA_FRONT_LINK], mark = arena_head_entry(b);
+#endif
+    __asm__ volatile("" : : "r"(*(volatile uintptr_t *)b));
+    *list = *link;
+    atomic_signal_fence(memory_order_seq_cst);
+    atomic_store_explicit(mark, atomic_load_explicit(mark, memory_order_relaxed) ^ E_IN_FRONT, memory_order_relaxed);
     return b;
 }
 

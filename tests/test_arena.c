@@ -255,11 +255,12 @@ static void test_front_consumer(void)
 }
 
 /* Hardened: a write after free over a block in the front stops the
- * program at the malloc that would take it, naming hakmem: over its link
- * and mark (the mark is gone), or over its link alone (the count the link
- * carries is wrong), before the link is followed. The default build
- * follows the fronts' links unchecked, as the slab caches'. */
-static void front_corrupt_link(size_t bytes)
+ * program at the malloc that would take it, naming hakmem, before the
+ * link is followed: over its first two lines, or over its link alone
+ * (the first word of its second line, ARENA_FRONT_LINK): the count the
+ * link carries is wrong. The default build follows the fronts' links
+ * unchecked, as the slab caches'. */
+static void front_corrupt_link(size_t offset, size_t bytes)
 {
     int err[2];
     CHECK(pipe(err) == 0);
@@ -269,7 +270,7 @@ static void front_corrupt_link(size_t bytes)
         char *a = heap_malloc(24 * KiB), *b = heap_malloc(24 * KiB);
         free(a);
         free(b);
-        memset(b, 0x5a, bytes); /* b is the front's first */
+        memset(b + offset, 0x5a, bytes); /* b is the front's first */
         heap_malloc(24 * KiB);
         _exit(0);
     }
@@ -289,8 +290,8 @@ static void test_front_corrupt_link(void)
     hak_stats_get(&s);
     if (!s.hardened)
         return;
-    front_corrupt_link(16);
-    front_corrupt_link(8);
+    front_corrupt_link(0, 128);
+    front_corrupt_link(64, 8);
 }
 
 /* Two neighbours freed merge; the merged run is the best fit for a block
