@@ -794,7 +794,7 @@ static inline void *arena_front_pop(heap_t *heap, unsigned bin)
  * 50); one compare and a cmov for each word here.
  *
  * The mark goes by flipping E_IN_FRONT: an arena block's, set while it
- * waits, clears; a stash block's mark then differs from its SuperSlab's
+ * waits, clears; a stash block's second word then differs from its mark
  * in that bit, and block_is_free compares all 64 (clearing the word
  * whole cost the stash's pop 3 instructions, bench mid4k 2%).
  *
