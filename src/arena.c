@@ -740,8 +740,8 @@ bool arena_resize(void *p, size_t size)
  * thread's exit empties it at once. Blocks in a front stay handed out in
  * their arena, marked in their head entry (E_IN_FRONT): a second free of
  * one is a double free, and hak_owns denies it. A block of a page count's
- * bin carries its list's link in its first word; nothing is written into
- * a block of a class's bin. */
+ * bin carries its list's link in word ARENA_FRONT_LINK, on its second
+ * line; nothing is written into a block of a class's bin. */
 
 /* Hardened: b, met on a front's list of blocks of `pages` pages with
  * `count` blocks from it on, must be such a block, and its link must
