@@ -157,12 +157,29 @@ static void large_mark(const large_hdr_t *h)
 
 static void large_unmark(const large_hdr_t *h) { segmap_clear(h->user, (size_t)(h->map_base + h->map_size - h->user)); }
 
-/* The block starts two cache lines into its first page, unless a larger
- * alignment was asked for: its page-strided lines then do not fall in
- * the cache sets of the page-aligned blocks of the slabs and arenas
- * (battle mixed, whose loop touches every page at its start: 1,002 ns
- * an iteration against 1,054 with the block at the page's start). */
-#define LARGE_COLOUR 128
+/* The block starts a few cache lines into its first page (its colour),
+ * unless a larger alignment was asked for, and each new mapping on
+ * another line than the one before: a program that touches its blocks
+ * page by page, at their start, then sends the lines of two blocks live
+ * together, and those of the page-aligned blocks of the slabs and arenas
+ * (line 0, and line 63 for the last byte), to different cache sets. Where
+ * every large block had the same colour, battle mixed (two 2 MiB blocks
+ * alternating with arena blocks) ran 7.7% slower than glibc, whose 16-byte
+ * headers scatter its blocks' starts over the lines, and 1,002 against
+ * 1,054 ns an iteration with no colour at all (docs/benchmarks.md, session
+ * 52). The line is 2 to 30, stepping by 7 (prime to the 29 lines), so
+ * that consecutive mappings lie far apart: lines 32-63 are left out
+ * because the cache sets of this machine's page-strided lines repeat
+ * every 2 KiB (a colour 2 KiB from another was as slow as the same one),
+ * 0 and 31 for the slab and arena blocks, and 1 because a block's last
+ * byte falls on the line before its colour. */
+static size_t large_colour(size_t align)
+{
+    static _Atomic unsigned mappings;
+    unsigned n = atomic_fetch_add_explicit(&mappings, 1, memory_order_relaxed);
+    size_t colour = (size_t)(2 + n * 7 % 29) * 64;
+    return align <= 64 ? colour : colour & ~(align - 1); /* 0 for alignments above it */
+}
 
 /* The mapping's geometry: the block starts colour bytes after the header
  * page, and runs to the end but for the guard page. */
@@ -180,7 +197,7 @@ static void *large_map(size_t size, size_t align, uintptr_t site, uint64_t start
 {
     size_t page = os_page_size();
     size_t chunk_align = align > SS_SIZE ? align : SS_SIZE;
-    size_t colour = align <= LARGE_COLOUR ? LARGE_COLOUR : 0;
+    size_t colour = large_colour(align);
     if (size > SIZE_MAX - page - SS_SIZE - chunk_align) {
         errno = ENOMEM;
         return NULL;

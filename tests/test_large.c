@@ -80,6 +80,39 @@ static void test_fit(void)
     free(fits);
 }
 
+/* Large blocks live together start on different cache lines of their
+ * first page, none on the lines of a page-aligned block's start and last
+ * byte (0 and 63, and their twins 2 KiB away): a program that touches them
+ * page by page would otherwise send all their lines to the same cache
+ * sets. Alignments are kept: a block aligned to 256 B starts on a
+ * multiple of it. */
+static void test_colours(void)
+{
+    hak_collect(true); /* every block below is a new mapping */
+    enum { N = 16 };
+    char *blocks[N];
+    bool line_taken[32] = {false};
+    int distinct = 0;
+    for (int i = 0; i < N; i++) {
+        blocks[i] = alloc_site_a(2 * MiB);
+        CHECK(blocks[i] && hak_owns(blocks[i]));
+        unsigned line = (unsigned)((uintptr_t)blocks[i] % 2048 / 64);
+        CHECK(line >= 2 && line <= 30);
+        distinct += !line_taken[line];
+        line_taken[line] = true;
+    }
+    CHECK(distinct == N);
+    for (int i = 0; i < N; i++) {
+        void *aligned = aligned_alloc(256, 3 * MiB);
+        CHECK(aligned && hak_owns(aligned));
+        CHECK(((uintptr_t)aligned & 255) == 0 && ((uintptr_t)aligned & (2 * MiB - 1)) < 4096);
+        free(aligned);
+        hak_collect(true);
+    }
+    for (int i = 0; i < N; i++)
+        free(blocks[i]);
+}
+
 /* The pages of [p, p + len) that are resident. */
 static size_t resident_pages(const char *p, size_t len)
 {
@@ -600,6 +633,7 @@ int main(void)
     test_calloc_reuses_cleared();
     test_reuse_by_site();
     test_fit();
+    test_colours();
     test_grown_buffer_reused();
     test_ring_grows_while_warm();
     test_ring_evicts_cold();
