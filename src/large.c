@@ -162,17 +162,17 @@ static void large_unmark(const large_hdr_t *h) { segmap_clear(h->user, (size_t)(
  * another line than the one before: a program that touches its blocks
  * page by page, at their start, then sends the lines of two blocks live
  * together, and those of the page-aligned blocks of the slabs and arenas
- * (line 0, and line 63 for the last byte), to different cache sets. Where
- * every large block had the same colour, battle mixed (two 2 MiB blocks
- * alternating with arena blocks) ran 7.7% slower than glibc, whose 16-byte
- * headers scatter its blocks' starts over the lines, and 1,002 against
- * 1,054 ns an iteration with no colour at all (docs/benchmarks.md, session
- * 52). The line is 2 to 30, stepping by 7 (prime to the 29 lines), so
- * that consecutive mappings lie far apart: lines 32-63 are left out
- * because the cache sets of this machine's page-strided lines repeat
- * every 2 KiB (a colour 2 KiB from another was as slow as the same one),
- * 0 and 31 for the slab and arena blocks, and 1 because a block's last
- * byte falls on the line before its colour. */
+ * (line 0, and line 63 for the last byte), to different cache sets.
+ * Without a colour, battle mixed (two 2 MiB blocks alternating with arena
+ * blocks) took 1,054 ns an iteration against 1,002 with 128 bytes for
+ * every block; with those, 7.7% longer than glibc, whose 16-byte headers
+ * scatter its blocks' starts over the lines, and 4.6% less with a colour
+ * per mapping (docs/benchmarks.md, session 52). The line is 2 to 30,
+ * stepping by 7 (prime to the 29 lines), so that consecutive mappings lie
+ * far apart: lines 32-63 are left out because the cache sets of a Zen 3's
+ * page-strided lines repeat every 2 KiB (a colour 2 KiB from another was
+ * as slow as the same one), 0 and 31 for the slab and arena blocks, and 1
+ * because a block's last byte falls on the line before its colour. */
 static size_t large_colour(size_t align)
 {
     static _Atomic unsigned mappings;
