@@ -265,9 +265,11 @@ static void test_ring_keeps_blocks(void)
 }
 
 /* Where no cached block fits and the site's ring is full and cannot grow,
- * the block the next free would evict is resized for the allocation:
- * grown by mremap with its pages (resident ones stay so), or its tail
- * unmapped; no new mapping either way. */
+ * the block closest to the request is resized for the allocation: the
+ * smallest of those larger, its tail unmapped down to just under twice the
+ * request (what a fit may hold), else the largest, grown by mremap with
+ * its pages (resident ones stay so); no new mapping either way. The
+ * oldest block, resized before, is the wrong one in both cases below. */
 static void test_reshape_when_full(void)
 {
     hak_collect(true);
@@ -275,7 +277,7 @@ static void test_reshape_when_full(void)
     usleep(250 * 1000);
     hak_collect(false); /* the front's block joins the ring, its oldest goes */
     hak_stats_t s0 = stats();
-    char *grown = alloc_site_a(8 * MiB);
+    char *grown = alloc_site_a(8 * MiB); /* none larger: a 3 MiB block grows */
     CHECK(grown != NULL && malloc_usable_size(grown) >= 8 * MiB);
     memset(grown, 7, 8 * MiB);
     hak_stats_t s1 = stats();
@@ -285,15 +287,25 @@ static void test_reshape_when_full(void)
     CHECK(s1.mapped_bytes >= s0.mapped_bytes + 5 * MiB);
     free(grown);
     usleep(250 * 1000);
-    hak_collect(false); /* and fills the ring again */
-    char *shrunk = alloc_site_a(MiB + 4096);
-    CHECK(shrunk != NULL && malloc_usable_size(shrunk) < 2 * MiB);
-    memset(shrunk, 8, MiB + 4096);
+    hak_collect(false); /* and fills the ring again: 3, 3, 3 and 8 MiB, oldest first */
+    size_t small = MiB + 4096;
+    char *cut = alloc_site_a(small); /* a 3 MiB block is cut, not the 8 MiB one */
+    CHECK(cut != NULL && malloc_usable_size(cut) >= 2 * MiB && malloc_usable_size(cut) < 2 * small);
+    memset(cut, 8, small);
     hak_stats_t s2 = stats();
     CHECK(s2.large_allocs == s0.large_allocs);
     CHECK(s2.bigcache_reshaped == s0.bigcache_reshaped + 2);
-    CHECK(s2.mapped_bytes + MiB < s1.mapped_bytes); /* the 3 MiB block's tail is gone */
-    free(shrunk);
+    CHECK(s2.mapped_bytes + MiB - 4096 == s1.mapped_bytes); /* its top MiB but a page went */
+    free(cut);
+    usleep(250 * 1000);
+    hak_collect(false); /* 3, 3, 8 and the cut block */
+    char *larger = alloc_site_a(12 * MiB); /* the 8 MiB block grows by 4, not a 3 MiB one by 9 */
+    CHECK(larger != NULL && malloc_usable_size(larger) >= 12 * MiB);
+    hak_stats_t s3 = stats();
+    CHECK(s3.large_allocs == s0.large_allocs);
+    CHECK(s3.bigcache_reshaped == s0.bigcache_reshaped + 3);
+    CHECK(s3.mapped_bytes >= s2.mapped_bytes + 4 * MiB && s3.mapped_bytes < s2.mapped_bytes + 5 * MiB);
+    free(larger);
     hak_collect(true);
     CHECK(stats().bigcache_bytes == 0);
 }
