@@ -66,15 +66,17 @@ int main(int argc, char **argv)
     long samples = atol(argv[1]);
     if (samples < 1)
         return fprintf(stderr, "placement: SAMPLES must be positive\n"), 2;
-    /* The arena's blocks where hakmem's arena put them in a run of mixed. */
-    static const size_t arena_page[SIZES][2] = {{0x21, 0x8b}, {0x31, 0x9b}, {0, 0}, {0x10, 0x12}, {0x71, 0xdb}};
+    /* The page each block below 2 MiB starts on in its region (the 8 KiB
+     * blocks' in the slabs', the others' in the arena's), where hakmem put
+     * them in a run of mixed. */
+    static const size_t region_page[SIZES][2] = {{0x21, 0x8b}, {0x31, 0x9b}, {0, 0}, {0x10, 0x12}, {0x71, 0xdb}};
     char *arena = map_aligned(2 << 20, 2 << 20), *slabs = map_aligned(2 << 20, 2 << 20);
     char *block[SIZES][2];
     for (int s = 0; s < SIZES; s++)
         for (int k = 0; k < 2; k++)
             block[s][k] = s == 2   ? map_aligned(6 << 20, 2 << 20) + (2 << 20) + offset[s][k]
-                          : s == 3 ? slabs + arena_page[s][k] * 4096 + offset[s][k]
-                                   : arena + arena_page[s][k] * 4096 + offset[s][k];
+                          : s == 3 ? slabs + region_page[s][k] * 4096 + offset[s][k]
+                                   : arena + region_page[s][k] * 4096 + offset[s][k];
     double *ns = malloc(sizeof(double) * (size_t)samples);
     if (!ns)
         return perror("placement"), 1;

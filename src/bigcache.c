@@ -239,7 +239,7 @@ static unsigned closer_to(const bigcache_site_t *e, unsigned best, unsigned i, s
  * (docs/benchmarks.md, session 39). The oldest block, taken before, grew
  * where a larger one was there to cut (battle varied 25.7 faults an
  * iteration, 22.1 now; python3 keeping 16 buffers of 1-8 MiB, 88-90k
- * faults a run, 72-74k now, glibc 70k; session 52). A ring that is not
+ * faults a run, 72-76k now, glibc 70k; session 52). A ring that is not
  * full keeps its blocks: a site that takes 8 MiB and 1 MiB by turns finds
  * both. */
 static large_hdr_t *ring_take(uintptr_t site, size_t size, uintptr_t misaligned, bool *reshape)

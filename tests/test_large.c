@@ -168,8 +168,8 @@ static void test_grown_buffer_reused(void)
 }
 
 /* BigCache holds n blocks of `bytes` in all: each block's mapping adds a
- * header page, the page its colour (its start two lines into its first
- * page) pushes its end into, and in the hardened build a guard page. */
+ * header page, the page its colour (its start 2 to 30 lines into its
+ * first page) pushes its end into, and in the hardened build a guard page. */
 static bool cache_holds(size_t n, size_t bytes)
 {
     size_t held = stats().bigcache_bytes, guard = stats().hardened ? 4096 : 0;
