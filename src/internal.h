@@ -493,7 +493,7 @@ static inline unsigned front_count(uintptr_t head) { return (unsigned)(head & FR
  * flush: the free's store of the link there queued behind those writes'
  * misses, and so did the malloc's clearing of the block's second word
  * (battle json 65.8 ns against tcmalloc's 59.4; 52.6 with the link here
- * and the malloc's read of the first line, mid_front_pop; docs/
+ * and the malloc's fetch of the first line, mid_front_pop; docs/
  * benchmarks.md, session 51). A stash block's link stays in its first
  * word, as on its slab's lists. */
 #define ARENA_FRONT_LINK 8
@@ -798,11 +798,15 @@ static inline void *arena_front_pop(heap_t *heap, unsigned bin)
  * in that bit, and block_is_free compares all 64 (clearing the word
  * whole cost the stash's pop 3 instructions, bench mid4k 2%).
  *
- * The block's first line is read, its value unused: the program writes
- * there next, and the read brings it in while the malloc returns (the
- * link's read from the second line left it to the program's first
- * store, behind the stores before it: battle json 58.3 ns without the
- * read, 52.6 with it; a prefetch instruction 56.4). */
+ * The block's first line is fetched for writing: the program writes
+ * there next, and the fetch starts while the malloc returns (the link's
+ * read from the second line left it to the program's first store, behind
+ * the stores before it). Which way of fetching it wins depends on the
+ * core: on a 1 MiB-L2 AMD host battle json took 58.3 ns with nothing,
+ * 52.6 with a load of the line, 56.4 with a prefetch; on a Zen 3 the
+ * load was the slowest (58.9-61.4 against 57.6-60.8 with nothing) and
+ * PREFETCHW the fastest (53.3-55.1), 41 rounds twice (docs/
+ * benchmarks.md, sessions 51 and 53). */
 static inline void *mid_front_pop(uintptr_t *list, unsigned f)
 {
     uintptr_t *b = front_first(*list), *link = b;
@@ -819,7 +823,7 @@ static inline void *mid_front_pop(uintptr_t *list, unsigned f)
     if (f >= MID_CLASSES)
         link = &b[ARENA_FRONT_LINK], mark = arena_head_entry(b);
 #endif
-    __asm__ volatile("" : : "r"(*(volatile uintptr_t *)b));
+    prefetch_for_write(b);
     *list = *link;
     atomic_signal_fence(memory_order_seq_cst);
     atomic_store_explicit(mark, atomic_load_explicit(mark, memory_order_relaxed) ^ E_IN_FRONT, memory_order_relaxed);
