@@ -519,7 +519,7 @@ static _Atomic bool arena_purge_wanted;
 static void arena_dirtied(uint32_t pages)
 {
     if (atomic_load_explicit(&arena_purge_wanted, memory_order_relaxed) ||
-        purger_young_untold((size_t)pages << ARENA_PAGE_SHIFT))
+        purger_young_untold((size_t)pages << ARENA_PAGE_SHIFT, os_now_ms()))
         return;
     atomic_store_explicit(&arena_purge_wanted, true, memory_order_relaxed);
     purger_notify();

@@ -705,7 +705,7 @@ size_t superslab_class_bytes(unsigned c);
 extern _Atomic bool hak_purger_start_wanted;
 void purger_init(void);
 void purger_notify(void);
-bool purger_young_untold(size_t bytes);
+bool purger_young_untold(size_t bytes, uint64_t now_ms);
 void purger_young_retaken(size_t bytes);
 void purger_notify_freed(size_t bytes);
 void purger_notify_cached(void);
