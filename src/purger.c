@@ -224,8 +224,8 @@ static bool program_young(void) { return program_young_at(os_now_ms()); }
 
 /* Whether bytes of pages just freed at now_ms (os_now_ms: BigCache's free
  * reads it anyway, and a young program's large pair read the clock three
- * times, 86 of its 620 instructions) may wait untold (then the caller
- * tells the purger nothing). */
+ * times, 86 of its 620 instructions: docs/benchmarks.md, session 53)
+ * may wait untold (then the caller tells the purger nothing). */
 bool purger_young_untold(size_t bytes, uint64_t now_ms)
 {
     if (!hak_config.purge_thread || atomic_load_explicit(&purger_running, memory_order_relaxed) ||
