@@ -95,12 +95,11 @@ static large_hdr_t *large_resize(large_hdr_t *h, size_t size);
  * hold for a request, block_fits), keeping the resident pages below the
  * cut for the site's next larger request (cut to size, battle varied
  * faulted 30.0 times an iteration against 22.1, docs/benchmarks.md,
- * session 52); a smaller one grows to size. */
+ * session 52); a smaller one grows to size. (None in between: such a
+ * block fits, block_fits, and is never reshaped.) */
 static size_t reshaped_size(const large_hdr_t *h, size_t size)
 {
-    if (h->usable / 2 >= size)
-        return 2 * size - os_page_size();
-    return h->usable >= size ? h->usable : size;
+    return h->usable / 2 >= size ? 2 * size - os_page_size() : size;
 }
 
 /* A block BigCache kept for site, aligned to align (0 for none), or NULL.
