@@ -805,8 +805,10 @@ static inline void *arena_front_pop(heap_t *heap, unsigned bin)
  * core: on a 1 MiB-L2 AMD host battle json took 58.3 ns with nothing,
  * 52.6 with a load of the line, 56.4 with a prefetch; on a Zen 3 the
  * load was the slowest (58.9-61.4 against 57.6-60.8 with nothing) and
- * PREFETCHW the fastest (53.3-55.1), 41 rounds twice (docs/
- * benchmarks.md, sessions 51 and 53). */
+ * PREFETCHW the fastest (53.3-55.1), 41 rounds twice; on a Xeon the
+ * load took 3% off json and added 6% to battle mixed, the others level
+ * (docs/benchmarks.md, sessions 51, 53 and 54): a prefetch is never
+ * the worst of the ways, and PREFETCHW the best of them on the Zen 3. */
 static inline void *mid_front_pop(uintptr_t *list, unsigned f)
 {
     uintptr_t *b = front_first(*list), *link = b;
