@@ -327,7 +327,9 @@ bool bigcache_put(large_hdr_t *h)
     uint64_t now = os_now_ms();
     h->cached_at_ms = now;
     h->purged = 0;
-    bool untold = purger_young_untold(h->usable, now);
+    /* A block whose bytes are counted already (taken back from BigCache
+     * in the program's youth) is not counted twice. */
+    bool untold = h->untold ? purger_young_untold_again(now) : purger_young_untold(h->usable, now);
     h->untold = untold; /* once in the front, h is the purger's to unmap */
     large_hdr_t *displaced = front_put(h);
     live_peak_note(displaced, now);

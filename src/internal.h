@@ -706,6 +706,7 @@ extern _Atomic bool hak_purger_start_wanted;
 void purger_init(void);
 void purger_notify(void);
 bool purger_young_untold(size_t bytes, uint64_t now_ms);
+bool purger_young_untold_again(uint64_t now_ms);
 void purger_young_retaken(size_t bytes);
 void purger_notify_freed(size_t bytes);
 void purger_notify_cached(void);
@@ -882,7 +883,7 @@ typedef struct large_hdr {
     uint32_t site_index;   /* in the site table */
     uint32_t fresh;        /* its pages were new or purged when handed out */
     uint32_t huge;         /* its mapping asked for transparent huge pages */
-    uint32_t untold;       /* cached in a young program, its bytes counted untold (purger_young_untold) */
+    uint32_t untold;       /* its bytes counted untold in a young program (purger_young_untold), reused or not */
     size_t size;           /* the size asked for (realloc's last) */
     size_t born_size;      /* the size asked for when it was handed out */
     uint64_t born;         /* hak_ticks() at a timed allocation, else 0: lifetimes */

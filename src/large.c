@@ -114,10 +114,6 @@ static void *large_reuse(size_t size, size_t align, uintptr_t site, bool *stale,
     if (!h)
         return NULL;
     size_t old_usable = h->usable;
-    if (h->untold) { /* its pages no longer wait for a purge */
-        purger_young_retaken(old_usable);
-        h->untold = 0;
-    }
     if (reshape) {
         large_hdr_t *resized = large_resize(h, reshaped_size(h, size));
         if (!resized) {
@@ -343,6 +339,10 @@ static large_hdr_t *large_resize(large_hdr_t *h, size_t size)
     size_t new_map = page + page_round(colour + size) + guard_size();
     if (new_map == h->map_size)
         return h;
+    if (h->untold) { /* its bytes change: it counts again at its next free */
+        purger_young_retaken(h->usable);
+        h->untold = 0;
+    }
     char *base = h->map_base;
     size_t old_map = h->map_size;
     guard_set(h, false); /* the mapping is one range again for mremap */

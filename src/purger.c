@@ -222,23 +222,45 @@ static _Atomic size_t young_untold_bytes;
 static bool program_young_at(uint64_t now_ms) { return now_ms < started_ms + (uint64_t)hak_config.purge_delay_ms; }
 static bool program_young(void) { return program_young_at(os_now_ms()); }
 
+/* Pages freed at now_ms may wait untold, within the bound: the program is
+ * young and no thread runs. */
+static bool untold_allowed(uint64_t now_ms)
+{
+    return hak_config.purge_thread && !atomic_load_explicit(&purger_running, memory_order_relaxed) &&
+           program_young_at(now_ms);
+}
+
 /* Whether bytes of pages just freed at now_ms (os_now_ms: BigCache's free
  * reads it anyway, and a young program's large pair read the clock three
  * times, 86 of its 620 instructions: docs/benchmarks.md, session 53)
  * may wait untold (then the caller tells the purger nothing). */
 bool purger_young_untold(size_t bytes, uint64_t now_ms)
 {
-    if (!hak_config.purge_thread || atomic_load_explicit(&purger_running, memory_order_relaxed) ||
-        bytes > YOUNG_UNTOLD_MAX || !program_young_at(now_ms) ||
+    if (!untold_allowed(now_ms) || bytes > YOUNG_UNTOLD_MAX ||
         atomic_fetch_add_explicit(&young_untold_bytes, bytes, memory_order_relaxed) + bytes > YOUNG_UNTOLD_MAX)
         return false;
     atomic_store_explicit(&untold, true, memory_order_relaxed);
     return true;
 }
 
-/* Bytes that purger_young_untold let wait are in use again (BigCache
- * handed their block back): a young program that takes and frees one
- * buffer of 2 MiB (battle vm) counts it once, not at every free. */
+/* Whether pages that purger_young_untold counted before may wait untold
+ * again, freed at now_ms: a large block BigCache handed back keeps its
+ * bytes counted while the program uses it, so that a young program that
+ * takes and frees one buffer of 2 MiB (battle vm) counts it once and its
+ * pair runs no locked instruction. Such an instruction, right after a
+ * loop that touched the block's pages, waits for their stores to drain:
+ * a locked add at the free and a locked subtract at the malloc cost
+ * battle vm 4% on a Xeon (docs/benchmarks.md, session 54). */
+bool purger_young_untold_again(uint64_t now_ms)
+{
+    if (!untold_allowed(now_ms))
+        return false;
+    atomic_store_explicit(&untold, true, memory_order_relaxed);
+    return true;
+}
+
+/* Bytes that purger_young_untold counted are no longer a block's: its
+ * mapping is resized (the block counts again at its next free). */
 void purger_young_retaken(size_t bytes) { atomic_fetch_sub_explicit(&young_untold_bytes, bytes, memory_order_relaxed); }
 
 void purger_notify_freed(size_t bytes)
