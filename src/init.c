@@ -18,7 +18,6 @@ void hak_init_slow(void)
         kpi_init();
         purger_init();
         os_membarrier_init();
-        bigcache_init();
         arena_init();
         atomic_store_explicit(&hak_init_state, 2, memory_order_release);
         /* Prepare handlers run last registered first: the lanes are locked

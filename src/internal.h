@@ -910,7 +910,6 @@ large_hdr_t *large_header_of(const void *p);
 
 /* ---- BigCache (bigcache.c) --------------------------------------------- */
 
-void bigcache_init(void);
 large_hdr_t *bigcache_take(uintptr_t site, size_t size, size_t align, bool *reshape);
 bool bigcache_put(large_hdr_t *h);
 void bigcache_thread_exit(void); /* before the thread's heap is orphaned */
