@@ -273,7 +273,7 @@ void purger_notify_cached(void) { purger_notify_freed(0); }
 
 void purger_init(void) { started_ms = os_now_ms(); }
 
-/* An allocation on a slow path (a refill, a large block): without the
+/* An allocation on a slow path (a refill, a new large mapping): without the
  * thread, the purges that fell due run here, so that a program that
  * allocates again gets its memory back even when none of its calls
  * leaves pages to purge (they were the only trigger: a loop of large
