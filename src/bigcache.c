@@ -47,9 +47,9 @@ typedef struct bigcache_site {
 
 /* Initialised statically: the locks' initialiser is zeros, so the table
  * stays in .bss and a program touches only the entries of its sites (a
- * pthread_mutex_init of each at start faulted in all 12 pages of the
- * table: 12 of the 46 faults `ls` took more than under glibc,
- * docs/benchmarks.md, session 54). */
+ * pthread_mutex_init of each at start faulted in the whole table: 13 of
+ * the 46 faults `ls` took more than under glibc, docs/benchmarks.md,
+ * session 54). */
 static bigcache_site_t sites[BIGCACHE_MAX_SITES] = {[0 ... BIGCACHE_MAX_SITES - 1] = {.lock = PTHREAD_MUTEX_INITIALIZER}};
 static _Atomic size_t cached_bytes; /* mapped bytes held in the rings */
 static _Atomic uint64_t ring_hits, ring_misses, ring_reshaped;

@@ -255,7 +255,7 @@ bool purger_young_untold_again(uint64_t now_ms)
 {
     if (!untold_allowed(now_ms))
         return false;
-    atomic_store_explicit(&untold, true, memory_order_relaxed);
+    atomic_store_explicit(&untold, true, memory_order_relaxed); /* for purger_poll past the youth, as above */
     return true;
 }
 
