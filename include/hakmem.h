@@ -157,6 +157,8 @@ typedef struct hak_site {
     bool no_bigcache;           /* site rule: BigCache off (after no_bigcache_evidence allocations without a hit) */
     bool prewarm;               /* site rule: pages faulted in at once (blocks prewarm_evidence % touched) */
     uint64_t no_bigcache_evidence, prewarm_evidence;
+    size_t outgrew_arena;       /* realloc here moved a block of this size, grown in a page arena past the large
+                                   threshold, out of it: the site's buffers now leave at the threshold (0: none) */
 } hak_site_t;
 
 /* Copy up to max sites into out (in table order); returns how many. */

@@ -361,6 +361,27 @@ void hak_free_stashed_or_irregular(slab_t *s, void *p, const char *op)
 
 #define LARGE_SHRINK_COPY_MAX ((size_t)64 << 10)
 
+/* A page-arena block that realloc grows may pass the large threshold in
+ * place, into the free pages after it: a buffer doubled from 64 KiB to 4
+ * MiB and freed, again and again, was copied each time it left the arena
+ * at 1 MiB (battle grow: 38.3 us a round against glibc's 5.5, which grows
+ * it at its heap's top; 6.2 with the growth in place, docs/benchmarks.md,
+ * session 55). Up to half of HAKMEM_ARENA_TRIM (16 MiB by default), so
+ * that its free leaves the wilderness it joins below the trim, whose
+ * pages the next buffer grows into. A block that has to leave past the
+ * threshold after all (no free pages after it, or above the bound) is
+ * copied whole, more than at the threshold: its site is noted, and its
+ * later buffers leave at the threshold as before. Not where a large block
+ * would get huge pages (HAKMEM_HUGEPAGES), nor in the hardened build,
+ * whose large blocks end at a guard page. */
+static bool arena_grows_past_threshold(size_t size, uintptr_t site)
+{
+    bool huge = hak_config.hugepages == HUGEPAGES_ALWAYS ||
+                (hak_config.prewarm && hak_config.hugepages == HUGEPAGES_PREWARMED);
+    return !HAK_SECURE && size <= __atomic_load_n(&hak_config.arena_trim, __ATOMIC_RELAXED) / 2 &&
+           !(huge && size >= SS_SIZE) && !site_outgrew_arena(site);
+}
+
 size_t hak_usable_size_checked(const void *p, const char *op)
 {
     unsigned kind = segmap_kind(p);
@@ -397,9 +418,15 @@ void *hak_realloc_impl(void *p, size_t size, uintptr_t site)
         errno = EINVAL;
         return NULL;
     }
-    /* An arena block shrinks in place, or grows into the free pages after it. */
-    if (kind == SEG_ARENA && size_in_arenas(size) && arena_resize(p, size))
-        return p;
+    /* An arena block shrinks in place, or grows into the free pages after
+     * it, past the threshold too (arena_grows_past_threshold). */
+    if (kind == SEG_ARENA && size > SLAB_CLASS_MAX) {
+        size_t threshold = hak_large_threshold();
+        if ((size <= threshold || arena_grows_past_threshold(size, site)) && arena_resize(p, size))
+            return p;
+        if (size > usable && usable > threshold)
+            site_note_outgrew_arena(site, usable);
+    }
     /* Stay in place unless the block would be more than half empty. */
     if (size <= usable && size > usable / 2)
         return p;

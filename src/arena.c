@@ -685,6 +685,7 @@ bool arena_resize(void *p, size_t size)
     uint32_t start = page_index(a, p);
     uint32_t want = arena_class_pages((uint32_t)((size + ARENA_PAGE - 1) >> ARENA_PAGE_SHIFT));
     bool done = true, trim = false;
+    size_t stale = 0; /* of the pages it grows into, the bytes at their start that may be resident */
     lane_lock(a->lane);
     uint64_t head = entry(a, start), sampled = head & E_SAMPLE_BITS;
     uint32_t have = e_pages(head), end = start + have;
@@ -696,7 +697,6 @@ bool arena_resize(void *p, size_t size)
     } else if (want > have) { /* the pages after it, taken as a run of their own, join it */
         uint32_t more = want - have;
         uint64_t after = end < a->top ? entry(a, end) : 0;
-        size_t stale;
         if (end == a->top)
             done = arena_take_wild(a, more, &stale) != 0;
         else
@@ -715,6 +715,9 @@ bool arena_resize(void *p, size_t size)
         lane_unlock(a->lane);
     if (want < have)
         arena_dirtied(have - want);
+    size_t grown = want > have && done ? (size_t)(want - have) << ARENA_PAGE_SHIFT : 0;
+    if (hak_config.prewarm && stale < grown) /* as a new block's (arena_alloc) */
+        os_prefault(page_address(a, end) + stale, grown - stale);
     if (done && sampled)
         sample_arena_resized(e_record(head), size);
     return done;

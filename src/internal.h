@@ -1037,6 +1037,8 @@ unsigned site_record_large(uintptr_t site, size_t size, bool bigcache_hit, uint3
 void site_record_touched(unsigned index, size_t resident, size_t size);
 bool site_wants_touch(unsigned index);
 unsigned site_index_of(uintptr_t site);
+void site_note_outgrew_arena(uintptr_t site, size_t size);
+bool site_outgrew_arena(uintptr_t site);
 
 /* kpi.c */
 void kpi_init(void);

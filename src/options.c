@@ -76,7 +76,7 @@ static option_t options[] = {
      "Largest mapping BigCache keeps; bigger blocks are unmapped when freed.",
      &hak_config.bigcache_max_block, 1 << 20, (long)1 << 40, {0}},
     {"HAKMEM_ARENA_TRIM", OPT_SIZE, "32M",
-     "Freed pages at the top of a page arena kept resident: beyond this many, the top is given back at once, down to half. Less keeps RSS lower on churn at the cost of page faults, which HAKMEM_PREWARM makes cheaper (docs/benchmarks.md, sessions 20 and 30); the purger gives back the rest once the top has not reached it for a purge delay.",
+     "Freed pages at the top of a page arena kept resident: beyond this many, the top is given back at once, down to half. Less keeps RSS lower on churn at the cost of page faults, which HAKMEM_PREWARM makes cheaper (docs/benchmarks.md, sessions 20 and 30); the purger gives back the rest once the top has not reached it for a purge delay. Half of it bounds how far realloc grows a page-arena block in place past the large threshold.",
      &hak_config.arena_trim, 0, 64 << 20, {0}},
     {"HAKMEM_PROFILE", OPT_BOOL, "1",
      "Call-site profiling and latency KPIs (sampled allocations up to the large threshold, every large one); 0 turns them off.",

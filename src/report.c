@@ -175,10 +175,10 @@ static void print_sites(FILE *out, const report_t *r)
     bool any_rule = false;
     for (size_t i = 0; i < r->site_count; i++) {
         const hak_site_t *s = &r->sites[i];
-        if (!s->no_bigcache && !s->prewarm)
+        if (!s->no_bigcache && !s->prewarm && !s->outgrew_arena)
             continue;
         if (!any_rule)
-            fprintf(out, "  site rules (HAKMEM_SITE_RULES=1)\n");
+            fprintf(out, "  site rules (HAKMEM_SITE_RULES=1) and realloc sites\n");
         any_rule = true;
         char name[256];
         site_name(s->address, name, sizeof name);
@@ -188,6 +188,10 @@ static void print_sites(FILE *out, const report_t *r)
         if (s->prewarm)
             fprintf(out, "    %s: pre-warm on: its first new blocks were %llu%% touched\n", name,
                     (unsigned long long)s->prewarm_evidence);
+        if (s->outgrew_arena)
+            fprintf(out, "    %s: buffers leave the page arenas at the large threshold (one grown to %zu bytes "
+                         "had to move out)\n",
+                    name, s->outgrew_arena);
     }
 }
 
@@ -232,11 +236,11 @@ static void json_site(FILE *out, const hak_site_t *s)
     fprintf(out,
             ",\"allocs\":%llu,\"bytes\":%llu,\"live_bytes\":%llu,\"samples\":%llu,\"min_size\":%zu,"
             "\"max_size\":%zu,\"lifetimes\":%llu,\"lifetime_median_ns\":%.0f,\"large_allocs\":%llu,"
-            "\"bigcache_hits\":%llu,\"rules\":{\"no_bigcache\":%s,\"prewarm\":%s}}",
+            "\"bigcache_hits\":%llu,\"rules\":{\"no_bigcache\":%s,\"prewarm\":%s},\"outgrew_arena\":%zu}",
             (unsigned long long)s->allocs, (unsigned long long)s->bytes, (unsigned long long)s->live_bytes,
             (unsigned long long)s->samples, s->min_size, s->max_size, (unsigned long long)s->lifetimes,
             s->lifetime_median_ns, (unsigned long long)s->large_allocs, (unsigned long long)s->bigcache_hits,
-            s->no_bigcache ? "true" : "false", s->prewarm ? "true" : "false");
+            s->no_bigcache ? "true" : "false", s->prewarm ? "true" : "false", s->outgrew_arena);
 }
 
 HAK_EXPORT void hak_stats_print_json(FILE *out)

@@ -28,6 +28,7 @@ typedef struct site_entry {
     _Atomic uint64_t counts[SITE_COUNTS]; /* enum site_count, beside those threads still hold */
     _Atomic size_t min_size, max_size;
     _Atomic uint64_t touch_frees, touch_resident, touch_size;
+    _Atomic size_t outgrew_arena;     /* realloc moved a block this big out of a page arena, 0: never */
     _Atomic uint32_t rules;           /* enum site_rule */
     _Atomic uint64_t rule_evidence[2]; /* the figures each rule was drawn from */
     _Atomic uint32_t lifetime_hist[LIFETIME_BUCKETS];
@@ -35,9 +36,12 @@ typedef struct site_entry {
 
 static site_entry_t sites[SITE_TABLE + 1];
 
+/* 10 bits: SITE_TABLE's index. */
+static unsigned site_hash(uintptr_t site) { return (unsigned)(((uint64_t)site * 0x9e3779b97f4a7c15ull) >> 54); }
+
 unsigned site_index_of(uintptr_t site)
 {
-    unsigned h = (unsigned)(((uint64_t)site * 0x9e3779b97f4a7c15ull) >> 54); /* 10 bits */
+    unsigned h = site_hash(site);
     for (unsigned k = 0; k < SITE_PROBES; k++) {
         unsigned i = (h + k) & (SITE_TABLE - 1);
         /* Claim first, compare after: a read of a page never written
@@ -208,6 +212,33 @@ unsigned site_record_large(uintptr_t site, size_t size, bool bigcache_hit, uint3
     return i;
 }
 
+/* realloc at site moved a page-arena block of size bytes, past the large
+ * threshold, out of its arena (alloc.c, arena_grows_past_threshold): a copy of more
+ * than the threshold, which the site's later buffers avoid by leaving at
+ * the threshold. Kept whether or not HAKMEM_SITE_RULES is set: it is
+ * where a block goes, not a policy drawn from the profile. */
+void site_note_outgrew_arena(uintptr_t site, size_t size)
+{
+    if (site)
+        atomic_store_explicit(&sites[site_index_of(site)].outgrew_arena, size, memory_order_relaxed);
+}
+
+/* Looked up without claiming an entry: a site that was never noted has
+ * none to read (and the lookup runs no locked instruction). */
+bool site_outgrew_arena(uintptr_t site)
+{
+    unsigned h = site_hash(site);
+    for (unsigned k = 0; site && k < SITE_PROBES; k++) {
+        const site_entry_t *e = &sites[(h + k) & (SITE_TABLE - 1)];
+        uintptr_t seen = atomic_load_explicit(&e->addr, memory_order_acquire);
+        if (seen == site)
+            return atomic_load_explicit(&e->outgrew_arena, memory_order_relaxed) != 0;
+        if (!seen)
+            return false;
+    }
+    return site && atomic_load_explicit(&sites[SITE_OVERFLOW].outgrew_arena, memory_order_relaxed) != 0;
+}
+
 /* Whether the site still wants its new blocks measured at free. */
 bool site_wants_touch(unsigned index)
 {
@@ -264,7 +295,8 @@ HAK_EXPORT size_t hak_sites_get_sized(hak_site_t *out, size_t max, size_t size)
             continue;
         uint64_t counts[SITE_COUNTS];
         counts_of(i, counts);
-        if (!counts[SITE_SAMPLES])
+        size_t outgrew = atomic_load_explicit(&e->outgrew_arena, memory_order_relaxed);
+        if (!counts[SITE_SAMPLES] && !outgrew) /* claimed by a lookup, never recorded */
             continue;
         hak_site_t full = {0}, *s = &full;
         s->address = i == SITE_OVERFLOW ? NULL : (void *)addr;
@@ -283,6 +315,7 @@ HAK_EXPORT size_t hak_sites_get_sized(hak_site_t *out, size_t max, size_t size)
         s->prewarm = (rules & RULE_PREWARM) != 0;
         s->no_bigcache_evidence = atomic_load_explicit(&e->rule_evidence[0], memory_order_relaxed);
         s->prewarm_evidence = atomic_load_explicit(&e->rule_evidence[1], memory_order_relaxed);
+        s->outgrew_arena = outgrew;
         hak_copy_sized((char *)out + n++ * size, size, &full, sizeof full);
     }
     return n;

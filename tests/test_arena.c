@@ -4,7 +4,8 @@
  * request at the same address (the best fit, however far its length from
  * the request's), the top of an arena is trimmed at once,
  * free runs inside go back to the OS after the purge delay, realloc grows
- * and shrinks in place, aligned requests are served from the arenas, calloc
+ * and shrinks in place (past the large threshold too, up to 16 MiB, unless
+ * its call site's buffers outgrew that before), aligned requests are served from the arenas, calloc
  * of reused pages reads zeros, threads free each other's blocks, and
  * hak_collect(true) unmaps every empty arena, also while threads allocate
  * (purges run with the lane unlocked). A thread's front keeps the
@@ -405,6 +406,84 @@ static void test_realloc_in_place(void)
     free(guard);
 }
 
+/* One realloc call site for the buffers below. */
+static __attribute__((noinline)) char *grow_step(char *p, size_t size)
+{
+    char *q = realloc(p, size);
+    __asm__ volatile(""); /* a call, not a tail jump: the return address is here */
+    return q;
+}
+
+/* p, grown by doubling from its size to final through grow_step, each
+ * size filled; checks the contents kept at each step. */
+static char *grow_buffer(char *p, size_t size, size_t final, int value)
+{
+    for (fill(p, size, value); size < final && p; size *= 2) {
+        p = grow_step(p, size * 2);
+        CHECK(p && intact(p, size, value));
+        if (p)
+            fill(p, size * 2, value);
+    }
+    return p;
+}
+
+/* realloc grows an arena block past the large threshold in place, into
+ * the wilderness, up to half of HAKMEM_ARENA_TRIM (16 MiB): no large block
+ * is mapped, the pointer stays. One that must leave above the threshold
+ * (32 MiB asked) is copied whole
+ * and its call site noted (hak_sites_get): the site's next buffer leaves
+ * at the threshold, as a copy of 1 MiB. The hardened build (guard pages
+ * after large blocks) and HAKMEM_HUGEPAGES=always (huge pages from 2 MiB
+ * on) keep leaving at the threshold. */
+static void test_realloc_past_threshold(void)
+{
+    hak_collect(true); /* an empty arena: the buffer starts at the wilderness */
+    const char *huge = getenv("HAKMEM_HUGEPAGES");
+    bool hardened = stats().hardened, leaves_at_2m = huge && !strcmp(huge, "always");
+    hak_stats_t before = stats();
+    char *start = heap_malloc(64 * KiB);
+    char *p = grow_buffer(start, 64 * KiB, MiB, 1);
+    CHECK(p == start && stats().large_blocks == before.large_blocks); /* within the threshold, as before */
+    p = grow_buffer(p, MiB, 16 * MiB, 2);
+    hak_stats_t s = stats();
+    if (hardened || leaves_at_2m) {
+        CHECK(p != start && s.large_blocks == before.large_blocks + 1);
+    } else {
+        CHECK(p == start && malloc_usable_size(p) == 16 * MiB && hak_owns(p + 16 * MiB - 1));
+        CHECK(s.large_blocks == before.large_blocks && s.arena_bytes == before.arena_bytes + 16 * MiB);
+        p = grow_buffer(p, 16 * MiB, 32 * MiB, 3); /* past the bound: moved */
+        CHECK(p != start && stats().large_blocks == before.large_blocks + 1);
+    }
+    free(p);
+    hak_site_t sites[256];
+    size_t n = hak_sites_get(sites, 256), noted = 0;
+    for (size_t i = 0; i < n; i++)
+        noted += sites[i].outgrew_arena != 0;
+    CHECK(noted == (hardened || leaves_at_2m ? 0 : 1));
+    for (size_t i = 0; i < n && noted; i++)
+        if (sites[i].outgrew_arena)
+            CHECK(sites[i].outgrew_arena == 16 * MiB);
+    char *text = NULL, *json = NULL;
+    size_t text_size = 0, json_size = 0;
+    FILE *out = open_memstream(&text, &text_size), *json_out = open_memstream(&json, &json_size);
+    hak_stats_print(out);
+    hak_stats_print_json(json_out);
+    fclose(out);
+    fclose(json_out);
+    bool reported = strstr(text, "leave the page arenas at the large threshold (one grown to 16777216 bytes") &&
+                    strstr(json, "\"outgrew_arena\":16777216");
+    CHECK(reported == (noted == 1));
+    free(text);
+    free(json);
+    /* The noted site's next buffer leaves at the threshold. */
+    before = stats();
+    start = heap_malloc(64 * KiB);
+    p = grow_buffer(start, 64 * KiB, 2 * MiB, 4);
+    CHECK(p != start && stats().large_blocks == before.large_blocks + 1);
+    free(p);
+    hak_collect(false); /* the report's blocks, in the thread's front */
+}
+
 /* Aligned blocks of the arenas' sizes come from the arenas, aligned, with
  * the pages around them left free. */
 static void test_aligned(void)
@@ -643,6 +722,7 @@ int main(int argc, char **argv)
     test_realloc_in_place();
     test_aligned();
     test_calloc();
+    test_realloc_past_threshold(); /* after the tests of placement: its report leaves free runs */
     test_threads();
     test_purge_while_allocating();
     test_collect(live_at_start);

@@ -75,9 +75,9 @@
  *            aborted) with its memory purged instead; an allocation may
  *            fail, with ENOMEM, and malloc_trim(0) brings RSS back.
  * In the last three, a block grown by realloc gets the same for its new
- * pages; in the prewarm modes a block of the page arenas, new or purged,
- * is touched without page faults too (in hugepages mode, where pre-warming
- * is off, with one a page).
+ * pages; in the prewarm modes a block of the page arenas, new, purged or
+ * grown by realloc, is touched without page faults too (in hugepages
+ * mode, where pre-warming is off, with one a page).
  * Huge pages are checked where the system lets a program ask for them. */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -380,7 +380,7 @@ static void new_and_purged(const char *mode, long faults[2], size_t huge[2])
 
 /* A 512 KiB block of the page arenas, new to its arena and then again
  * once hak_collect purged its pages: the faults touching it each time. */
-static void arena_new_and_purged(const char *mode, long faults[2])
+static void arena_new_and_purged(const char *mode, long faults[3])
 {
     for (int round = 0; round < 2; round++) {
         hak_stats_t before, after;
@@ -392,7 +392,16 @@ static void arena_new_and_purged(const char *mode, long faults[2])
         free(p);
         hak_collect(true);
     }
-    printf("%s: touching a 512 KiB arena block, new: %ld faults; after a purge: %ld\n", mode, faults[0], faults[1]);
+    /* Grown by realloc into the wilderness: the pages it took. */
+    char *p = malloc(512 << 10);
+    memset(p, 1, 512 << 10);
+    char *q = realloc(p, 1 << 20);
+    CHECK(q == p && q[(512 << 10) - 1] == 1);
+    faults[2] = faults_touching(q + (512 << 10), 512 << 10);
+    free(q);
+    hak_collect(true);
+    printf("%s: touching a 512 KiB arena block, new: %ld faults; after a purge: %ld; the 512 KiB realloc added: %ld\n",
+           mode, faults[0], faults[1], faults[2]);
 }
 
 static uint64_t large_huge_blocks(void)
@@ -439,9 +448,9 @@ static void mode_prewarm(bool huge_expected)
     if (!huge_expected || huge_pages_available())
         CHECK((grown_huge >= 2 * MiB) == huge_expected);
     /* An arena block's pages that are not resident fault in at once. */
-    long arena_faults[2];
+    long arena_faults[3];
     arena_new_and_purged(huge_expected ? "prewarm" : "prewarm_small", arena_faults);
-    CHECK(arena_faults[0] <= 4 && arena_faults[1] <= 4);
+    CHECK(arena_faults[0] <= 4 && arena_faults[1] <= 4 && arena_faults[2] <= 4);
 }
 
 static void mode_hugepages(void)
@@ -451,9 +460,9 @@ static void mode_hugepages(void)
     new_and_purged("hugepages", faults, huge);
     CHECK(large_huge_blocks() == 1);
     /* Without HAKMEM_PREWARM an arena block's pages fault one by one. */
-    long arena_faults[2];
+    long arena_faults[3];
     arena_new_and_purged("hugepages", arena_faults);
-    CHECK(arena_faults[0] >= 64 && arena_faults[1] >= 64);
+    CHECK(arena_faults[0] >= 64 && arena_faults[1] >= 64 && arena_faults[2] >= 64);
     if (!huge_pages_available())
         return;
     /* The kernel may fall back to small pages where memory is fragmented:
