@@ -413,19 +413,23 @@ void *hak_realloc_impl(void *p, size_t size, uintptr_t site)
      * shrinks to a size cheaper to copy than the page of slack it keeps. */
     if ((kind == SEG_LARGE_HEAD || kind == SEG_LARGE_INTERIOR) && size >= LARGE_SHRINK_COPY_MAX)
         return large_realloc(p, size);
-    size_t usable = hak_usable_size_checked(p, "realloc");
-    if (!usable) {
-        errno = EINVAL;
-        return NULL;
-    }
     /* An arena block shrinks in place, or grows into the free pages after
      * it, past the threshold too (arena_grows_past_threshold). */
+    size_t usable;
     if (kind == SEG_ARENA && size > SLAB_CLASS_MAX) {
         size_t threshold = hak_large_threshold();
-        if ((size <= threshold || arena_grows_past_threshold(size, site)) && arena_resize(p, size))
+        bool resize = size <= threshold || arena_grows_past_threshold(size, site), resized;
+        usable = arena_realloc_in_place(p, size, resize, &resized, "realloc");
+        if (resized)
             return p;
         if (size > usable && usable > threshold)
             site_note_outgrew_arena(site, usable);
+    } else {
+        usable = hak_usable_size_checked(p, "realloc");
+    }
+    if (!usable) {
+        errno = EINVAL;
+        return NULL;
     }
     /* Stay in place unless the block would be more than half empty. */
     if (size <= usable && size > usable / 2)

@@ -676,51 +676,62 @@ bool arena_owns(const void *p)
     return owned;
 }
 
-/* The block at p (checked by the caller: usable size) holds `size` bytes
- * now, if its run can grow or shrink in place: into free pages or the
- * wilderness right after it. False otherwise (the caller moves it). */
-bool arena_resize(void *p, size_t size)
+/* realloc of the block at p: checked (a bad pointer is reported as op's,
+ * and 0 returned), then, where `resize` says, made to hold size bytes if
+ * its run can grow or shrink in place, into free pages or the wilderness
+ * right after it (*resized; else the caller moves it). Returns its usable
+ * size before. The check and the resize share one lane lock, a locked
+ * instruction. */
+size_t arena_realloc_in_place(void *p, size_t size, bool resize, bool *resized, const char *op)
 {
     arena_t *a = arena_of(p);
-    uint32_t start = page_index(a, p);
-    uint32_t want = arena_class_pages((uint32_t)((size + ARENA_PAGE - 1) >> ARENA_PAGE_SHIFT));
-    bool done = true, trim = false;
+    uint32_t start, want = arena_class_pages((uint32_t)((size + ARENA_PAGE - 1) >> ARENA_PAGE_SHIFT));
+    bool done = false, trim = false;
     size_t stale = 0; /* of the pages it grows into, the bytes at their start that may be resident */
     lane_lock(a->lane);
-    uint64_t head = entry(a, start), sampled = head & E_SAMPLE_BITS;
+    const char *fault = block_fault(a, p, &start);
+    uint64_t head = fault ? 0 : entry(a, start), sampled = head & E_SAMPLE_BITS;
     uint32_t have = e_pages(head), end = start + have;
-    if (want < have) { /* the tail goes back */
-        extent_unmark(a, start, have);
-        extent_mark(a, start, want, EXTENT_USED, 0);
-        extent_mark(a, end - (have - want), have - want, EXTENT_USED, 0);
-        trim = arena_give_back(a, end - (have - want), have - want);
-    } else if (want > have) { /* the pages after it, taken as a run of their own, join it */
-        uint32_t more = want - have;
-        uint64_t after = end < a->top ? entry(a, end) : 0;
-        if (end == a->top)
-            done = arena_take_wild(a, more, &stale) != 0;
-        else
-            done = e_state(after) == EXTENT_FREE && e_pages(after) >= more && arena_take_from(a, end, more, &stale);
-        if (done) {
+    if (!fault && resize) {
+        done = true;
+        if (want < have) { /* the tail goes back */
             extent_unmark(a, start, have);
-            extent_unmark(a, end, more);
             extent_mark(a, start, want, EXTENT_USED, 0);
+            extent_mark(a, end - (have - want), have - want, EXTENT_USED, 0);
+            trim = arena_give_back(a, end - (have - want), have - want);
+        } else if (want > have) { /* the pages after it, taken as a run of their own, join it */
+            uint32_t more = want - have;
+            uint64_t after = end < a->top ? entry(a, end) : 0;
+            if (end == a->top)
+                done = arena_take_wild(a, more, &stale) != 0;
+            else
+                done = e_state(after) == EXTENT_FREE && e_pages(after) >= more && arena_take_from(a, end, more, &stale);
+            if (done) {
+                extent_unmark(a, start, have);
+                extent_unmark(a, end, more);
+                extent_mark(a, start, want, EXTENT_USED, 0);
+            }
         }
+        if (sampled) /* the record stays with the block */
+            entry_set(a, start, entry(a, start) | sampled);
     }
-    if (sampled) /* the record stays with the block */
-        entry_set(a, start, entry(a, start) | sampled);
     if (trim)
         wilderness_trim_unlock(a->lane, a);
     else
         lane_unlock(a->lane);
-    if (want < have)
+    *resized = done;
+    if (fault) {
+        hak_report_bad_pointer(op, p, fault);
+        return 0;
+    }
+    if (done && want < have)
         arena_dirtied(have - want);
-    size_t grown = want > have && done ? (size_t)(want - have) << ARENA_PAGE_SHIFT : 0;
+    size_t grown = done && want > have ? (size_t)(want - have) << ARENA_PAGE_SHIFT : 0;
     if (hak_config.prewarm && stale < grown) /* as a new block's (arena_alloc) */
         os_prefault(page_address(a, end) + stale, grown - stale);
     if (done && sampled)
         sample_arena_resized(e_record(head), size);
-    return done;
+    return (size_t)have << ARENA_PAGE_SHIFT;
 }
 
 /* ---- the threads' fronts ---------------------------------------------------------- */

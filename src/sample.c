@@ -277,7 +277,7 @@ void sample_arena_freed(uint32_t record)
     site_record_free(was.site, was.size, was.weight, was.born);
 }
 
-/* The sample whose record this is holds `size` bytes now (arena_resize). */
+/* The sample whose record this is holds `size` bytes now (arena_realloc_in_place). */
 void sample_arena_resized(uint32_t record, size_t size)
 {
     pthread_mutex_lock(&sample_lock);
