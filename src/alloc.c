@@ -416,13 +416,15 @@ void *hak_realloc_impl(void *p, size_t size, uintptr_t site)
     /* An arena block shrinks in place, or grows into the free pages after
      * it, past the threshold too (arena_grows_past_threshold). */
     size_t usable;
+    bool outgrew = false;
     if (kind == SEG_ARENA && size > SLAB_CLASS_MAX) {
         size_t threshold = hak_large_threshold();
         bool resize = size <= threshold || arena_grows_past_threshold(size, site), resized;
         usable = arena_realloc_in_place(p, size, resize, &resized, "realloc");
         if (resized)
             return p;
-        if (size > usable && usable > threshold)
+        outgrew = size > usable && usable > threshold;
+        if (outgrew)
             site_note_outgrew_arena(site, usable);
     } else {
         usable = hak_usable_size_checked(p, "realloc");
@@ -439,6 +441,8 @@ void *hak_realloc_impl(void *p, size_t size, uintptr_t site)
         return NULL;
     memcpy(q, p, size < usable ? size : usable);
     hak_free_checked(p, "realloc");
+    if (outgrew && segmap_kind(q) == SEG_LARGE_HEAD)
+        large_born_at_threshold(q);
     return q;
 }
 

@@ -381,6 +381,19 @@ static large_hdr_t *large_resize(large_hdr_t *h, size_t size)
     return h;
 }
 
+/* p, a large block realloc just moved out of a page arena past the
+ * threshold, whose site's buffers leave the arenas at the threshold from
+ * now on (site_outgrew_arena): judged by BigCache as born there
+ * (block_fits), it serves the site's next buffer, which asks for a little
+ * more than the threshold and grows, where a block judged by its size
+ * would not fit and the next buffer would map and fault in a new one. */
+void large_born_at_threshold(void *p)
+{
+    large_hdr_t *h = large_header_checked(p, "realloc");
+    if (h)
+        h->born_size = hak_large_threshold() + 1;
+}
+
 /* Grow or shrink in place when the mapping allows, else move the pages
  * (large_resize). */
 void *large_realloc(void *p, size_t size)

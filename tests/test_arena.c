@@ -430,11 +430,11 @@ static char *grow_buffer(char *p, size_t size, size_t final, int value)
 /* realloc grows an arena block past the large threshold in place, into
  * the wilderness, up to half of HAKMEM_ARENA_TRIM (16 MiB): no large block
  * is mapped, the pointer stays. One that must leave above the threshold
- * (32 MiB asked) is copied whole
- * and its call site noted (hak_sites_get): the site's next buffer leaves
- * at the threshold, as a copy of 1 MiB. The hardened build (guard pages
- * after large blocks) and HAKMEM_HUGEPAGES=always (huge pages from 2 MiB
- * on) keep leaving at the threshold. */
+ * (32 MiB asked) is copied whole and its call site noted (hak_sites_get):
+ * the site's next buffer leaves at the threshold, as a copy of 1 MiB,
+ * into the block BigCache kept. The hardened build (guard pages after
+ * large blocks) and HAKMEM_HUGEPAGES=always (huge pages from 2 MiB on)
+ * keep leaving at the threshold. */
 static void test_realloc_past_threshold(void)
 {
     hak_collect(true); /* an empty arena: the buffer starts at the wilderness */
@@ -475,11 +475,13 @@ static void test_realloc_past_threshold(void)
     CHECK(reported == (noted == 1));
     free(text);
     free(json);
-    /* The noted site's next buffer leaves at the threshold. */
+    /* The noted site's next buffer leaves at the threshold, into the
+     * block the first one left in BigCache (judged as born there). */
     before = stats();
     start = heap_malloc(64 * KiB);
     p = grow_buffer(start, 64 * KiB, 2 * MiB, 4);
-    CHECK(p != start && stats().large_blocks == before.large_blocks + 1);
+    s = stats();
+    CHECK(p != start && s.large_blocks == before.large_blocks + 1 && s.bigcache_hits == before.bigcache_hits + 1);
     free(p);
     hak_collect(false); /* the report's blocks, in the thread's front */
 }
