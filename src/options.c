@@ -61,7 +61,7 @@ static option_t options[] = {
      "How pages are purged: dontneed (MADV_DONTNEED, RSS drops at once) or free (MADV_FREE, the kernel takes them only under memory pressure: cheaper to reuse, but RSS stays high).",
      &hak_config.purge_advice, 0, 0, {"dontneed", "free", NULL}},
     {"HAKMEM_PREWARM", OPT_BOOL, "0",
-     "Fault in the pages of a large block in one call when it is mapped, reused after a purge or grown by realloc (the new pages), and those of a page-arena block that are not resident when it is handed out (MADV_POPULATE_WRITE), instead of one fault per page on first touch.",
+     "Fault in the pages of a large block in one call when it is mapped, reused after a purge or grown by realloc (the new pages), and those of a page-arena block that are not resident when it is handed out or that its realloc adds (MADV_POPULATE_WRITE), instead of one fault per page on first touch.",
      &hak_config.prewarm, 0, 1, {0}},
     {"HAKMEM_HUGEPAGES", OPT_CHOICE, "prewarmed",
      "Transparent huge pages for the whole 2 MiB chunks of large blocks (where the system allows them on madvise): prewarmed (blocks that are pre-warmed: all with HAKMEM_PREWARM=1, or with HAKMEM_SITE_RULES=1 those of a call site that touched nearly all of its first new blocks), always (every large block of 2 MiB or more, at birth or once realloc grows it there: one fault per 2 MiB, but a chunk the program touches at all is resident whole) or never.",
