@@ -511,15 +511,19 @@ static void test_orphan_drained_asleep(void)
  * within the delay such exits. */
 enum { LEFT_BLOCKS = 1000, LEFT_SIZE = 48, LEFT_CLASS = 2, LEFT_MID_BLOCKS = 256, LEFT_MID_SIZE = 8192 };
 
+static double left_exit_ms, left_adopter_start_ms; /* now_ms() as the first thread ends, as the second starts */
+
 static void *malloc_free_one(void *arg)
 {
     void *volatile block = malloc(LEFT_SIZE); /* the compiler drops free(malloc(n)) */
     free(block);
+    left_exit_ms = now_ms();
     return arg;
 }
 
 static void *allocate_free_and_exit(void *arg)
 {
+    left_adopter_start_ms = now_ms();
     void *tiny[LEFT_BLOCKS], *mid[LEFT_MID_BLOCKS];
     allocate_touched(tiny, LEFT_BLOCKS, LEFT_SIZE);
     allocate_touched(mid, LEFT_MID_BLOCKS, LEFT_MID_SIZE);
@@ -549,7 +553,15 @@ static void test_uncollected_orphan_asleep(void)
     pthread_join(thread, NULL);
     size_t left = hak_tiny_class_bytes(LEFT_CLASS);
     hak_stats_get(&st);
-    CHECK(st.heaps_orphaned == 1);
+    /* Adopted, unless the second thread started a purge delay (100 ms)
+     * after the first left: the purger, draining the orphan then, keeps
+     * it out of the queue a moment (CI's TSan build, a thread taking 65
+     * ms; 10 ms of margin for the coarse clock). */
+    if (left_adopter_start_ms - left_exit_ms < 90)
+        CHECK(st.heaps_orphaned == 1);
+    else
+        printf("uncollected orphan: the second thread started %.0f ms after the first left, adoption not checked\n",
+               left_adopter_start_ms - left_exit_ms);
     if (now_ms() - adopted < 50) /* exited within the delay of the adoption (not so on a loaded machine) */
         CHECK(left > 0);         /* its cache, left as it was */
     size_t rss = 0;
@@ -565,7 +577,8 @@ static void test_uncollected_orphan_asleep(void)
            before.rss_bytes / 1048576.0);
     CHECK(left == 0);                  /* the purger collected it */
     CHECK(rss_back_near(&st, &before)); /* and the pages went back */
-    CHECK(st.heaps_orphaned == 1);     /* where it was, for the next thread */
+    if (left_adopter_start_ms - left_exit_ms < 90)
+        CHECK(st.heaps_orphaned == 1); /* where it was, for the next thread */
 }
 
 /* hak_collect from a thread that never allocated: it is given an exited
