@@ -590,6 +590,7 @@ typedef struct heap {
     uint64_t orphaned_ms;      /* when its thread exited (os_now_ms) */
     uint64_t drained_ms;       /* when the purger last drained it as an orphan */
     bool uncollected;          /* orphaned as its thread left it (threads were being recycled) */
+    bool draining;             /* an orphan the purger took out of the queue to drain (heaps_lock) */
     _Atomic int state;         /* enum heap_state: changed under heaps_lock, read by remote frees */
     _Alignas(64) long sample_left; /* allocations until the next sample (sample.c) */
     long sample_interval;      /* the interval sample_left counts down from */
