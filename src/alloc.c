@@ -441,7 +441,7 @@ void *hak_realloc_impl(void *p, size_t size, uintptr_t site)
         return NULL;
     memcpy(q, p, size < usable ? size : usable);
     hak_free_checked(p, "realloc");
-    if (outgrew && segmap_kind(q) == SEG_LARGE_HEAD)
+    if (outgrew)
         large_born_at_threshold(q);
     return q;
 }

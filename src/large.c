@@ -381,15 +381,16 @@ static large_hdr_t *large_resize(large_hdr_t *h, size_t size)
     return h;
 }
 
-/* p, a large block realloc just moved out of a page arena past the
+/* p, the block realloc just moved out of a page arena past the
  * threshold, whose site's buffers leave the arenas at the threshold from
- * now on (site_outgrew_arena): judged by BigCache as born there
+ * now on (site_outgrew_arena): if it is a large block (the tuner may have
+ * moved the threshold meanwhile), judged by BigCache as born there
  * (block_fits), it serves the site's next buffer, which asks for a little
  * more than the threshold and grows, where a block judged by its size
  * would not fit and the next buffer would map and fault in a new one. */
 void large_born_at_threshold(void *p)
 {
-    large_hdr_t *h = large_header_checked(p, "realloc");
+    large_hdr_t *h = large_header_of(p);
     if (h)
         h->born_size = hak_large_threshold() + 1;
 }
