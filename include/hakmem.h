@@ -97,6 +97,7 @@ typedef struct hak_stats {
     uint64_t bigcache_reshaped; /* of the misses, those served by resizing a cached block the site's full ring would evict */
     size_t large_blocks;       /* large blocks handed out and not yet freed */
     size_t large_bytes;        /* their mappings' bytes (BigCache's not counted) */
+    size_t arena_pooled_bytes; /* of arena_bytes, freed blocks waiting in the lanes' pools for reuse */
 } hak_stats_t;
 
 /* Fill *out with a snapshot (figures of other threads may be a moment old).

@@ -435,7 +435,8 @@ typedef struct bigcache_front {
  * missed the cache there, most of a touch loop later (battle mixed 876.9
  * ns through the lane, 889.4 with lists, 878.2 with stacks; mir 379.9,
  * 381.2, 366.8; session 49). A bin holds up to
- * ARENA_FRONT_BIN_BYTES, a heap's bins together ARENA_FRONT_BYTES. */
+ * ARENA_FRONT_BIN_BYTES, a heap's bins together ARENA_FRONT_BYTES; past
+ * them a freed block goes to its lane's pool of its bin (arena.c). */
 #define ARENA_FRONT_MIN_PAGES ((uint32_t)(SLAB_CLASS_MAX >> ARENA_PAGE_SHIFT) + 1)
 #define ARENA_EXACT_MAX_PAGES ((uint32_t)(LARGE_THRESHOLD_MIN >> ARENA_PAGE_SHIFT)) /* never large */
 #define ARENA_FRONT_MAX_PAGES ((uint32_t)((256u << 10) >> ARENA_PAGE_SHIFT))
@@ -739,7 +740,7 @@ bool arena_owns(const void *p);
 void arena_mark_sampled(void *p, uint32_t record);
 uint64_t arena_purge(bool force);
 void arena_purge_lane(unsigned lane);
-void arena_stats(size_t *arenas, size_t *used_bytes, size_t *free_bytes, size_t *dirty_bytes);
+void arena_stats(size_t *arenas, size_t *used_bytes, size_t *free_bytes, size_t *dirty_bytes, size_t *pooled_bytes);
 void arena_fork_prepare(void);
 void arena_fork_parent(void);
 void arena_fork_child(void);
@@ -748,6 +749,8 @@ void arena_front_free(void *p, const char *op);
 void arena_front_flush(heap_t *heap);
 void arena_front_check(const uintptr_t *b, uint32_t pages, unsigned count);
 void *arena_class_take(heap_t *heap, uint32_t pages);
+void *arena_pool_take(unsigned lane, uint32_t pages);
+void arena_pools_flush(unsigned lane);
 
 /* A block waiting in a thread's front is marked in its head entry in its
  * arena's map (arena.c keeps the map ARENA_MAP_OFFSET bytes into the

@@ -255,7 +255,10 @@ HAK_EXPORT void hak_collect(bool force)
      * remote frees its own collect must then drain (the other order left
      * that heap's blocks undrained). */
     heaps_collect_orphans();
-    heap_collect(heap_get(), true);
+    heap_t *heap = heap_get();
+    heap_collect(heap, true);
+    if (heap != &hak_empty_heap)
+        arena_pools_flush(heap->arena_lane); /* what its front's full bins left there */
     heaps_flush_mid(force); /* the other threads' */
     superslab_purge(force);
     arena_purge(force);

@@ -106,8 +106,8 @@ static void print_memory(FILE *out, const hak_stats_t *s)
     fprintf(out, "  superslabs    %10zu (%zu empty, in reserve)\n", s->superslabs, s->superslabs_empty);
     fprintf(out, "  tiny          %10zu slabs, %10.2f MiB in blocks\n", s->tiny_slabs, mib(s->tiny_bytes));
     fprintf(out, "  mid           %10zu slabs, %10.2f MiB in blocks\n", s->mid_slabs, mib(s->mid_bytes));
-    fprintf(out, "  page arenas   %10zu, %10.2f MiB in blocks, %.2f MiB free (%.2f MiB awaiting a purge)\n", s->arenas,
-            mib(s->arena_bytes), mib(s->arena_free_bytes), mib(s->arena_dirty_bytes));
+    fprintf(out, "  page arenas   %10zu, %10.2f MiB in blocks (%.2f MiB of them in the lanes' pools), %.2f MiB free (%.2f MiB awaiting a purge)\n",
+            s->arenas, mib(s->arena_bytes), mib(s->arena_pooled_bytes), mib(s->arena_free_bytes), mib(s->arena_dirty_bytes));
     fprintf(out, "  large         %10zu blocks in use, %10.2f MiB mapped; %llu ever mapped, %llu with huge pages\n",
             s->large_blocks, mib(s->large_bytes), (unsigned long long)s->large_allocs, (unsigned long long)s->large_huge);
     uint64_t lookups = s->bigcache_hits + s->bigcache_misses;
@@ -251,11 +251,11 @@ HAK_EXPORT void hak_stats_print_json(FILE *out)
     const hak_kpi_t *k = &r.kpi;
     fprintf(out, "{\"version\":\"%s\",\"hardened\":%s,\"memory\":{\"mapped_bytes\":%zu,\"mapped_peak\":%zu,\"superslabs\":%zu,"
                  "\"superslabs_empty\":%zu,\"tiny_slabs\":%zu,\"mid_slabs\":%zu,\"tiny_bytes\":%zu,\"mid_bytes\":%zu,"
-                 "\"arenas\":%zu,\"arena_bytes\":%zu,\"arena_free_bytes\":%zu,\"arena_dirty_bytes\":%zu,"
+                 "\"arenas\":%zu,\"arena_bytes\":%zu,\"arena_pooled_bytes\":%zu,\"arena_free_bytes\":%zu,\"arena_dirty_bytes\":%zu,"
                  "\"large_blocks\":%zu,\"large_bytes\":%zu,\"large_allocs\":%llu,\"large_huge\":%llu,\"bigcache_hits\":%llu,\"bigcache_misses\":%llu,"
                  "\"bigcache_reshaped\":%llu,\"bigcache_bytes\":%zu,\"slab_refills\":%llu,\"heaps_live\":%zu,\"heaps_orphaned\":%zu},",
             HAKMEM_VERSION, s->hardened ? "true" : "false", s->mapped_bytes, s->mapped_peak, s->superslabs, s->superslabs_empty, s->tiny_slabs,
-            s->mid_slabs, s->tiny_bytes, s->mid_bytes, s->arenas, s->arena_bytes, s->arena_free_bytes,
+            s->mid_slabs, s->tiny_bytes, s->mid_bytes, s->arenas, s->arena_bytes, s->arena_pooled_bytes, s->arena_free_bytes,
             s->arena_dirty_bytes, s->large_blocks, s->large_bytes, (unsigned long long)s->large_allocs, (unsigned long long)s->large_huge,
             (unsigned long long)s->bigcache_hits, (unsigned long long)s->bigcache_misses,
             (unsigned long long)s->bigcache_reshaped, s->bigcache_bytes, (unsigned long long)s->slab_refills, s->heaps_live, s->heaps_orphaned);
@@ -298,8 +298,8 @@ void report_xml(FILE *out)
     fprintf(out, "<total type=\"mmap\" count=\"%zu\" size=\"%zu\"/>\n", s.large_blocks, s.large_bytes);
     fprintf(out, "<total type=\"tiny\" slabs=\"%zu\" size=\"%zu\"/>\n", s.tiny_slabs, s.tiny_bytes);
     fprintf(out, "<total type=\"mid\" slabs=\"%zu\" size=\"%zu\"/>\n", s.mid_slabs, s.mid_bytes);
-    fprintf(out, "<total type=\"arena\" arenas=\"%zu\" size=\"%zu\" free=\"%zu\" dirty=\"%zu\"/>\n", s.arenas,
-            s.arena_bytes, s.arena_free_bytes, s.arena_dirty_bytes);
+    fprintf(out, "<total type=\"arena\" arenas=\"%zu\" size=\"%zu\" pooled=\"%zu\" free=\"%zu\" dirty=\"%zu\"/>\n",
+            s.arenas, s.arena_bytes, s.arena_pooled_bytes, s.arena_free_bytes, s.arena_dirty_bytes);
     fprintf(out, "<total type=\"bigcache\" size=\"%zu\"/>\n", s.bigcache_bytes);
     fprintf(out, "<system type=\"current\" size=\"%zu\"/>\n<system type=\"max\" size=\"%zu\"/>\n", s.mapped_bytes,
             s.mapped_peak);

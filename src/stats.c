@@ -45,7 +45,8 @@ static void stats_fill(hak_stats_t *out)
     out->tuner_windows = t.windows;
     out->tuner_moves = t.moves;
     out->hardened = HAK_SECURE;
-    arena_stats(&out->arenas, &out->arena_bytes, &out->arena_free_bytes, &out->arena_dirty_bytes);
+    arena_stats(&out->arenas, &out->arena_bytes, &out->arena_free_bytes, &out->arena_dirty_bytes,
+                &out->arena_pooled_bytes);
 }
 
 HAK_EXPORT void hak_stats_get_sized(hak_stats_t *out, size_t size)

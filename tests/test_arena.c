@@ -215,7 +215,8 @@ static size_t front_filled_bytes(void)
         for (size_t i = 0; i < n; i++)
             free(block[i]);
     }
-    size_t held = stats().arena_bytes - before;
+    hak_stats_t s = stats();
+    size_t held = s.arena_bytes - s.arena_pooled_bytes - before; /* the rest waits in the lane's pools */
     hak_collect(false);
     CHECK(stats().arena_bytes == before);
     return held;
@@ -230,6 +231,54 @@ static void test_front_budget(void)
     }
     printf("front budget: %.2f MiB kept\n", (double)held / (double)MiB);
     CHECK(held > 8 * MiB - 20 * KiB);
+}
+
+/* Behind the front, its lane's pool: of n blocks of size freed, those
+ * past the full bin (512 KiB: 12 of 40 KiB, 4 of 104) wait there (up to
+ * 1 MiB: 9 of 104 KiB, 14 blocks at most), counted in arena_pooled_bytes
+ * and denied by hak_owns, for the mallocs of their size that find the
+ * bin empty, which take them back (the same blocks); a collect empties
+ * it. A sample, or the purger at the front, may change the counts now and
+ * then: three tries. */
+enum { POOL_TEST_MAX = 20 };
+static bool pool_served(size_t size, size_t kept, int n)
+{
+    hak_collect(false);
+    size_t before = stats().arena_bytes;
+    char *block[POOL_TEST_MAX], *again[POOL_TEST_MAX];
+    for (int i = 0; i < n; i++) /* each finds the bin empty: its limit grows */
+        block[i] = heap_malloc(size);
+    for (int i = 0; i < n; i++)
+        free(block[i]);
+    hak_stats_t s = stats();
+    bool ok = s.arena_pooled_bytes == ((size_t)n - kept) * pages_of(size) && s.arena_bytes == before + (size_t)n * pages_of(size);
+    CHECK(!hak_owns(block[n - 1]));
+    int same = 0;
+    for (int i = 0; i < n; i++) {
+        again[i] = heap_malloc(size);
+        for (int k = 0; k < n; k++)
+            same += again[i] == block[k];
+    }
+    ok = ok && same == n && stats().arena_pooled_bytes == 0;
+    for (int i = 0; i < n; i++)
+        free(again[i]);
+    CHECK(stats().arena_pooled_bytes > 0);
+    hak_collect(false);
+    s = stats();
+    CHECK(s.arena_pooled_bytes == 0 && s.arena_bytes == before);
+    return ok;
+}
+
+static void test_pool(void)
+{
+    bool ok = false;
+    for (int try = 0; try < 3 && !ok; try++)
+        ok = pool_served(40 * KiB, 12, 20);
+    CHECK(ok);
+    ok = false;
+    for (int try = 0; try < 3 && !ok; try++)
+        ok = pool_served(104 * KiB, 4, 13); /* a class's bin */
+    CHECK(ok);
 }
 
 /* A thread that only frees keeps nothing in its front. */
@@ -716,6 +765,7 @@ int main(int argc, char **argv)
     test_front_classes();
     test_front_budget();
     test_front_consumer();
+    test_pool();
     test_front_corrupt_link();
     test_coalescing();
     test_best_fit_far_bin();

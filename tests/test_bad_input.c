@@ -7,6 +7,7 @@
 #include "hakmem.h"
 
 #include <dlfcn.h>
+#include <malloc.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdint.h>
@@ -214,6 +215,27 @@ static void *front_double_free_after_write(size_t size)
     return NULL;
 }
 
+/* Past its thread's full front bin (512 KiB of blocks) a freed block
+ * waits in its lane's pool, marked as in a front: a second free of it is
+ * a double free. */
+static void *pool_double_free(size_t size)
+{
+    void *block[64];
+    block[0] = malloc(size);
+    size_t n = 512 * 1024 / malloc_usable_size(block[0]) + 2; /* the bin's limit, and two to the pool */
+    for (size_t i = 1; i < n; i++) /* each finds the bin empty: its limit grows */
+        block[i] = malloc(size);
+    for (size_t i = 0; i < n; i++)
+        free(block[i]);
+    hak_stats_t s;
+    hak_stats_get(&s);
+    if (!s.arena_pooled_bytes)
+        return NULL; /* no pool: the parent finds no message */
+    announce(block[n - 1]);
+    free(block[n - 1]);
+    return NULL;
+}
+
 static void *interior_free(size_t size)
 {
     char *p = malloc(size);
@@ -270,6 +292,8 @@ static const bad_case_t cases[] = {
     {"double free after a write, arena front", "free(", "waits in a thread's front", 24000,
      front_double_free_after_write},
     {"interior pointer, arena front", "free(", "interior pointer", 50000, interior_free},
+    {"double free, lane pool", "free(", "waits in a thread's front or its lane's pool", 20000, pool_double_free},
+    {"double free, lane pool class", "free(", "waits in a thread's front or its lane's pool", 100000, pool_double_free},
     {"double free, arena front class", "free(", "waits in a thread's front", 200000, front_double_free},
     {"delayed double free, arena front class", "free(", "waits in a thread's front", 150000,
      front_delayed_double_free},
