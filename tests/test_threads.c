@@ -1043,6 +1043,81 @@ static void test_mid_caches_claimed(void)
     CHECK(after.mid_bytes == start.mid_bytes);
 }
 
+/* The lanes' pools behind the arena fronts: more threads than lanes here
+ * (two share one at least) keep live sets of blocks of 20..256 KiB and
+ * replace one at random at each step, as bench_threads big, so that their
+ * fronts' full bins give blocks to the pools and their empty ones take
+ * from them, while the main thread reads the stats and collects (every
+ * pool flushed under its lock) again and again. No block is handed to two
+ * threads at once (each checks its marks before its free), the pools were
+ * used, and once all is freed a collect leaves nothing pooled and the
+ * arenas' bytes where they were. */
+enum { POOL_WORKERS = 4, POOL_LIVE = 48, POOL_ROUNDS = 4000 };
+static _Atomic int pool_workers_done;
+static _Atomic long pool_bad;
+
+static void *pool_worker(void *arg)
+{
+    unsigned id = (unsigned)(uintptr_t)arg, r = id * 2654435761u;
+    unsigned char *live[POOL_LIVE] = {0};
+    size_t sizes[POOL_LIVE] = {0};
+    long bad = 0;
+    for (int i = 0; i < POOL_ROUNDS; i++) {
+        r = r * 1103515245u + 12345u;
+        unsigned slot = (r >> 8) % POOL_LIVE;
+        unsigned char mark = (unsigned char)(id * POOL_LIVE + slot); /* distinct over threads and slots */
+        if (live[slot]) {
+            bad += !filled_with(live[slot], 64, mark) || live[slot][sizes[slot] - 1] != mark || !hak_owns(live[slot]);
+            free(live[slot]);
+        }
+        sizes[slot] = 20 * 1024 + (r >> 12) % (236 * 1024);
+        live[slot] = malloc(sizes[slot]);
+        if (!live[slot]) {
+            bad++;
+            continue;
+        }
+        memset(live[slot], mark, 64);
+        live[slot][sizes[slot] - 1] = mark;
+    }
+    for (int i = 0; i < POOL_LIVE; i++)
+        free(live[i]);
+    pool_bad += bad;
+    pool_workers_done++;
+    return NULL;
+}
+
+static void test_lane_pools(void)
+{
+    hak_collect(true);
+    hak_stats_t start;
+    hak_stats_get(&start);
+    pthread_t workers[POOL_WORKERS];
+    for (uintptr_t i = 0; i < POOL_WORKERS; i++)
+        pthread_create(&workers[i], NULL, pool_worker, (void *)i);
+    size_t most_pooled = 0;
+    int collects = 0;
+    while (pool_workers_done < POOL_WORKERS) {
+        hak_stats_t s;
+        hak_stats_get(&s);
+        most_pooled = s.arena_pooled_bytes > most_pooled ? s.arena_pooled_bytes : most_pooled;
+        if (++collects % 4 == 0)
+            hak_collect(true);
+        usleep(100); /* the workers run meanwhile (on two cores the reads took most of the time) */
+    }
+    for (int i = 0; i < POOL_WORKERS; i++)
+        pthread_join(workers[i], NULL);
+    hak_collect(true);
+    hak_stats_t after;
+    hak_stats_get(&after);
+    printf("lane pools: %d stats reads, at most %.2f MiB pooled, %ld bad blocks; arena bytes %zu at the start, "
+           "%zu after, %zu pooled\n",
+           collects, (double)most_pooled / (1 << 20), (long)pool_bad, start.arena_bytes, after.arena_bytes,
+           after.arena_pooled_bytes);
+    CHECK(pool_bad == 0);
+    CHECK(most_pooled > 0);
+    CHECK(after.arena_pooled_bytes == 0 && after.arena_bytes == start.arena_bytes);
+}
+
 /* ---- fork --------------------------------------------------------------------- */
 
 static _Atomic int stop_background;
@@ -1144,6 +1219,7 @@ int main(int argc, char **argv)
     test_mid_stash_superslabs();
     test_remote_frees_before_carving();
     test_mid_caches_claimed();
+    test_lane_pools();
 #ifndef __SANITIZE_THREAD__ /* TSan does not support threads started in a forked child */
     test_fork();
 #endif
