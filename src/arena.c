@@ -892,9 +892,34 @@ void arena_front_check(const uintptr_t *b, uint32_t pages, unsigned count)
         hak_free_list_corrupt(b);
 }
 
+/* p, page-aligned inside a page arena, which the calling thread's front
+ * did not keep: if it starts a block handed out of a front's size whose
+ * bin's limit is not 0, to its lane's pool, else to arena_free. Out of
+ * line, judging the block again, so that the fronts' pushes keep their
+ * registers (a choice made in arena_front_free took battle json's pair
+ * 12 instructions more, in class_free three pushes and pops). */
+static HAK_NOINLINE void front_overflow(void *p, const char *op)
+{
+    arena_t *a = arena_of(p);
+    uint32_t page = page_index(a, p);
+    uint64_t e = entry(a, page);
+    uint32_t pages = e_pages(e);
+    heap_t *heap = heap_get();
+    if ((e & (E_HEAD | E_STATE_MASK | E_SAMPLED | E_IN_FRONT)) == E_USED_HEAD && pages >= ARENA_FRONT_MIN_PAGES &&
+        pages <= ARENA_FRONT_MAX_PAGES && hak_arena_bin_pages[hak_arena_bin_of[pages]] == pages &&
+        heap_mid_enter(heap)) {
+        unsigned bin = hak_arena_bin_of[pages];
+        bool pooled = heap->arena_front_limit[bin] && pool_put(a, page, e, bin, p);
+        heap_mid_leave(heap);
+        if (pooled)
+            return;
+    }
+    arena_free(p, op);
+}
+
 /* p, a block of a class's bin (above 64 KiB) whose head entry e is at
  * page of a, joins the calling thread's front if its bin has room, or else
- * arena_free takes it. Every arena block of these sizes has its class's
+ * front_overflow takes it. Every arena block of these sizes has its class's
  * pages (arena_class_pages); one that has not (a map entry a stray write
  * changed) goes to arena_free, never to a bin that would hand it out for
  * a larger request. Out of line, as the take: inline, its registers gave
@@ -915,64 +940,14 @@ static HAK_NOINLINE void class_free(void *p, const char *op, arena_t *a, uint32_
                 heap->arena_class_stack[k][n] = p;
                 heap->arena_class_count[k] = (uint8_t)(n + 1);
             }
-            bool pooled = !kept && heap->arena_front_limit[bin] && pool_put(a, page, e, bin, p);
             heap_mid_leave(heap);
-            if (kept)
+            if (kept) {
                 heap_mid_cached(heap);
-            if (kept || pooled)
                 return;
+            }
         }
     }
-    arena_free(p, op);
-}
-
-/* The block on top of class bin k's stack leaves it (a fork between the
- * two steps loses it in the child). By the owner in its mid mark, or by
- * the purger under its claim. */
-static void *class_pop(heap_t *heap, unsigned k)
-{
-    void *b = heap->arena_class_stack[k][--heap->arena_class_count[k]];
-    atomic_signal_fence(memory_order_seq_cst);
-    front_unmark(arena_head_entry(b));
-    return b;
-}
-
-/* arena_front_take of a class's size, above 64 KiB: `pages` pages. */
-void *arena_class_take(heap_t *heap, uint32_t pages)
-{
-    if (!heap_mid_enter(heap))
-        return NULL;
-    unsigned bin = hak_arena_bin_of[pages], k = bin - ARENA_FRONT_EXACT_BINS;
-    void *b = NULL;
-    if (likely(heap->arena_class_count[k] != 0))
-        b = class_pop(heap, k);
-    else
-        arena_front_limit_grow(heap, bin);
-    heap_mid_leave(heap);
-    return b;
-}
-
-/* p, page-aligned inside a page arena, which the calling thread's front
- * did not keep: if it starts a block handed out of a page count's bin
- * (up to 64 KiB) whose limit is not 0, to its lane's pool, else to
- * arena_free. Out of line, and judging the block again, so that
- * arena_front_free's push keeps its registers (a choice made there took
- * battle json's pair 12 instructions more). */
-static HAK_NOINLINE void front_overflow(void *p, const char *op)
-{
-    arena_t *a = arena_of(p);
-    uint32_t page = page_index(a, p);
-    uint64_t e = entry(a, page);
-    unsigned bin = e_pages(e) - ARENA_FRONT_MIN_PAGES;
-    heap_t *heap = heap_get();
-    if ((e & (E_HEAD | E_STATE_MASK | E_SAMPLED | E_IN_FRONT)) == E_USED_HEAD && bin < ARENA_FRONT_EXACT_BINS &&
-        heap_mid_enter(heap)) {
-        bool pooled = heap->arena_front_limit[bin] && pool_put(a, page, e, bin, p);
-        heap_mid_leave(heap);
-        if (pooled)
-            return;
-    }
-    arena_free(p, op);
+    front_overflow(p, op);
 }
 
 /* p, inside a page arena, goes to the calling thread's front if it starts
@@ -1025,7 +1000,7 @@ void arena_front_flush(heap_t *heap)
             arena_free(arena_front_pop(heap, bin), "free");
     for (unsigned k = 0; k < ARENA_FRONT_CLASS_BINS; k++)
         while (heap->arena_class_count[k])
-            arena_free(class_pop(heap, k), "free");
+            arena_free(arena_class_pop(heap, k), "free");
     memset(heap->arena_front_limit, 0, sizeof heap->arena_front_limit);
     heap->arena_front_limits_bytes = 0;
 }
