@@ -36,8 +36,9 @@ size_t hak_usable_size(const void *p);
  * test) prove that its memory really comes from hakmem. */
 bool hak_owns(const void *p);
 
-/* Return memory to the OS now: the calling thread's empty slabs, the slabs
- * of exited threads, and free pages. With force, pages are purged at once
+/* Return memory to the OS now: the calling thread's empty slabs and the
+ * blocks its caches and its lane's pools hold, the slabs of exited
+ * threads, and free pages. With force, pages are purged at once
  * whatever HAKMEM_PURGE_DELAY_MS says and every empty SuperSlab beyond
  * the reserve is unmapped; without, only pages past the delay. malloc_trim
  * calls hak_collect(true). */
