@@ -13,7 +13,9 @@
  * asked for and 8 MiB at most, until a collect or the purge delay, and
  * stops the program at a link a write after free changed; each size up to
  * 64 KiB has its list, the slab classes' and the arenas' alike, and above
- * that blocks are size classes, eight per doubling. */
+ * that blocks are size classes, eight per doubling. Past a full bin, a
+ * freed block waits in its lane's pool for the next malloc of its size,
+ * until a collect or the purger (with no call) gives it back. */
 #define _GNU_SOURCE
 #include "check.h"
 #include "hakmem.h"
@@ -269,6 +271,25 @@ static bool pool_served(size_t size, size_t kept, int n)
     return ok;
 }
 
+/* With no call into hakmem, the purger gives a pool's blocks back to
+ * their arenas a delay or two after the first came. (Past the program's
+ * first delay, when a free that leaves pages to purge starts it.) */
+static void pool_purged(void)
+{
+    usleep(200 * 1000);
+    char *block[20];
+    for (int i = 0; i < 20; i++)
+        block[i] = heap_malloc(40 * KiB);
+    for (int i = 0; i < 20; i++)
+        free(block[i]);
+    CHECK(stats().arena_pooled_bytes > 0);
+    double start = now_ms();
+    while (stats().arena_pooled_bytes > 0 && now_ms() - start < 10000)
+        usleep(20000);
+    printf("pool purged: %.0f ms after the frees\n", now_ms() - start);
+    CHECK(stats().arena_pooled_bytes == 0);
+}
+
 static void test_pool(void)
 {
     bool ok = false;
@@ -279,6 +300,7 @@ static void test_pool(void)
     for (int try = 0; try < 3 && !ok; try++)
         ok = pool_served(104 * KiB, 4, 13); /* a class's bin */
     CHECK(ok);
+    pool_purged();
 }
 
 /* A thread that only frees keeps nothing in its front. */
