@@ -101,7 +101,7 @@ static HAK_NOINLINE void *hak_alloc_arena_slow(size_t size, size_t align, uintpt
     if (unlikely(--heap->sample_left == 0))
         return sample_take_arena(heap, size, align, site, zero);
     uint32_t pages = (uint32_t)((size + ARENA_PAGE - 1) >> ARENA_PAGE_SHIFT);
-    if (!align && pages >= ARENA_FRONT_MIN_PAGES && pages <= ARENA_FRONT_MAX_PAGES) {
+    if (hak_config.arena_pool && !align && pages >= ARENA_FRONT_MIN_PAGES && pages <= ARENA_FRONT_MAX_PAGES) {
         void *b = arena_pool_take(heap->arena_lane, pages);
         if (b)
             return zero ? memset(b, 0, size) : b;

@@ -756,30 +756,33 @@ size_t arena_realloc_in_place(void *p, size_t size, bool resize, bool *resized, 
  * from a pool under the pool's own lock, with a push or a pop, where the
  * lane would take its lock, a best fit and a split, and at the free a
  * merge with the block's neighbours: bench_threads big (64 live blocks of
- * 64..256 KiB, one replaced a step) missed its front at 18% of its pairs,
- * and runs 1.3 times as fast with the pools (docs/benchmarks.md, session
- * 56). Only a thread whose bin has a limit
+ * 64..256 KiB, one replaced a step) missed its front at 18% of its pairs
+ * (docs/benchmarks.md, session 56). Only a thread whose bin has a limit
  * (its mallocs asked for the size) gives a block to a pool: a thread that
  * only frees, as a consumer, gives its blocks back to their arenas, to
  * merge. A block goes to its own arena's lane, and a pool holds only
  * blocks of its lane's arenas, marked as in a front (E_IN_FRONT: a free
- * of one is a double free). A pool holds POOL_SLOTS blocks and POOL_BYTES
- * at most: bench big ran 1.08 times as fast as without pools at 512 KiB,
- * 1.26 at 1 MiB, 1.41 at 2 MiB; at 1 MiB a lane's pools hold 21.9 MiB
- * with every size full, a program's few sizes a few MiB. (A byte budget
- * for the whole lane cost its atomic adds at each push and pop: 1.17
- * against 1.52 for the same slots.) The purger gives a pool's blocks
- * back to their arenas a purge delay after its first one came
+ * of one is a double free). A pool holds POOL_SLOTS blocks and
+ * HAKMEM_ARENA_POOL bytes at most, none by default: what a pool holds is
+ * what it gains. bench big ran 1.08 times as fast as without pools at
+ * 512 KiB a pool, 1.26 at 1 MiB, 1.41 at 2 MiB; but its blocks touched
+ * on every page, as a program uses its buffers, ran level at 1 MiB and
+ * held 41% more RSS (21.5 -> 30.5 MiB for 10 MiB live; 512 KiB: 26.7),
+ * and blocks of 1..64 KiB 10% more, level too. (A byte budget for the
+ * whole lane cost its atomic adds at each push and pop: 1.17 against
+ * 1.52 for the same slots.) The purger gives a pool's blocks back to
+ * their arenas a purge delay after its first one came
  * (lane_purge), a collect those of its thread's lane at once (every
  * lane's with force). */
-#define POOL_BYTES ((size_t)1 << 20)
 
 /* p, a block handed out and freed by a thread whose front bin `bin` is
  * full, its head entry e at page of a: true if it joined the pool. */
 static bool pool_put(arena_t *a, uint32_t page, uint64_t e, unsigned bin, void *p)
 {
+    uint32_t room = (uint32_t)(hak_config.arena_pool >> ARENA_PAGE_SHIFT) / e_pages(e);
+    if (!room)
+        return false;
     pool_t *pool = &a->lane->pools[bin];
-    uint32_t room = (uint32_t)(POOL_BYTES >> ARENA_PAGE_SHIFT) / e_pages(e);
     spin_lock(&pool->lock);
     uint32_t n = atomic_load_explicit(&pool->count, memory_order_relaxed);
     bool kept = n < room && n < POOL_SLOTS;
@@ -948,7 +951,10 @@ static HAK_NOINLINE void class_free(void *p, const char *op, arena_t *a, uint32_
             }
         }
     }
-    front_overflow(p, op);
+    if (hak_config.arena_pool)
+        front_overflow(p, op);
+    else
+        arena_free(p, op);
 }
 
 /* p, inside a page arena, goes to the calling thread's front if it starts
@@ -988,8 +994,10 @@ void arena_front_free(void *p, const char *op)
     }
     if (kept)
         heap_mid_cached(heap);
-    else
+    else if (hak_config.arena_pool)
         front_overflow(p, op);
+    else
+        arena_free(p, op);
 }
 
 /* Every block of heap's front goes back to its arena, and the limits

@@ -999,6 +999,7 @@ typedef struct hak_config {
     long bigcache_slots;
     size_t bigcache_max_block;
     size_t arena_trim;        /* bytes */
+    size_t arena_pool;        /* bytes a lane's pool of a front bin holds; 0: no pools */
 } hak_config_t;
 
 #define HAK_CONFIG_ALIGN 128
