@@ -751,28 +751,29 @@ size_t arena_realloc_in_place(void *p, size_t size, bool resize, bool *resized, 
 /* ---- the lanes' pools ----------------------------------------------------------- */
 
 /* Behind the threads' fronts, each lane keeps a pool per front bin: the
- * blocks a thread freed past its bin's limit, for the next malloc of the
- * lane's threads that finds its own bin empty. A block goes to and comes
- * from a pool under the pool's own lock, with a push or a pop, where the
- * lane would take its lock, a best fit and a split, and at the free a
- * merge with the block's neighbours: bench_threads big (64 live blocks of
- * 64..256 KiB, one replaced a step) missed its front at 18% of its pairs
- * (docs/benchmarks.md, session 56). Only a thread whose bin has a limit
- * (its mallocs asked for the size) gives a block to a pool: a thread that
- * only frees, as a consumer, gives its blocks back to their arenas, to
- * merge. A block goes to its own arena's lane, and a pool holds only
- * blocks of its lane's arenas, marked as in a front (E_IN_FRONT: a free
- * of one is a double free). A pool holds POOL_SLOTS blocks and
- * HAKMEM_ARENA_POOL bytes at most, none by default: what a pool holds is
- * what it gains. bench big ran 1.08 times as fast as without pools at
- * 512 KiB a pool, 1.26 at 1 MiB, 1.41 at 2 MiB; but its blocks touched
- * on every page, as a program uses its buffers, ran level at 1 MiB and
- * held 41% more RSS (21.5 -> 30.5 MiB for 10 MiB live; 512 KiB: 26.7),
- * and blocks of 1..64 KiB 10% more, level too. (A byte budget for the
- * whole lane cost its atomic adds at each push and pop: 1.17 against
- * 1.52 for the same slots.) The purger gives a pool's blocks back to
- * their arenas a purge delay after its first one came
- * (lane_purge), a collect those of its thread's lane at once (every
+ * blocks of its arenas that threads of other lanes freed past their bin's
+ * limit, for the next malloc of the lane's threads that finds its own bin
+ * empty. A block goes to and comes from a pool under the pool's own lock,
+ * with a push or a pop, where the lane would take its lock, a best fit and
+ * a split, and at the free a merge with the block's neighbours: threads
+ * that hand buffers to each other reuse them at once (two threads trading
+ * buffers of 64..256 KiB, written on every page: 0.90-0.92 of the time
+ * without pools; docs/benchmarks.md, session 56). A thread's own blocks
+ * past its bin go back to their arena: pooled too, they made bench_threads
+ * big (64 live blocks of 64..256 KiB replaced at random, written only at
+ * their start) 1.26 times as fast, but with its blocks written on every
+ * page, as a program uses its buffers, it ran level and held 41% more RSS
+ * (30.5 MiB against 21.5 for 10 MiB live): what a pool holds is what it
+ * gains, and a thread's own surplus is the front's to bound. Only a
+ * thread whose bin has a limit (its mallocs asked for the size) gives a
+ * block to a pool: a thread that only frees, as a consumer, gives its
+ * blocks back to their arenas, to merge. A pooled block is marked as in a
+ * front (E_IN_FRONT: a free of one is a double free). A pool holds
+ * POOL_SLOTS blocks and HAKMEM_ARENA_POOL bytes at most (1 MiB by
+ * default: 4 blocks of 256 KiB, 14 of 64 KiB). (A byte budget for the
+ * whole lane cost its atomic adds at each push and pop.) The purger gives
+ * a pool's blocks back to their arenas a purge delay after its first one
+ * came (lane_purge), a collect those of its thread's lane at once (every
  * lane's with force). */
 
 /* p, a block handed out and freed by a thread whose front bin `bin` is
@@ -799,16 +800,11 @@ static bool pool_put(arena_t *a, uint32_t page, uint64_t e, unsigned bin, void *
     return kept;
 }
 
-/* A block for a malloc of `pages` pages (a front's size) from the pool
- * of lane, or NULL. */
-void *arena_pool_take(unsigned lane, uint32_t pages)
+/* The block on top of pool, a pool of bin `bin`, or NULL if it has none
+ * now. Out of line: arena_pool_take's look at an empty pool needs no
+ * frame. */
+static HAK_NOINLINE void *pool_pop(pool_t *pool, unsigned bin)
 {
-    hak_assert(pages >= ARENA_FRONT_MIN_PAGES && pages <= ARENA_FRONT_MAX_PAGES);
-    unsigned bin = hak_arena_bin_of[pages];
-    lane_t *l = &lanes[lane];
-    pool_t *pool = &l->pools[bin];
-    if (!atomic_load_explicit(&pool->count, memory_order_relaxed))
-        return NULL;
     spin_lock(&pool->lock);
     uint32_t n = atomic_load_explicit(&pool->count, memory_order_relaxed);
     void *b = n ? pool->blocks[n - 1] : NULL;
@@ -825,6 +821,17 @@ void *arena_pool_take(unsigned lane, uint32_t pages)
     }
     front_unmark(arena_head_entry(b));
     return b;
+}
+
+/* A block for a malloc of `pages` pages (a front's size) from the pool
+ * of lane, or NULL. */
+void *arena_pool_take(unsigned lane, uint32_t pages)
+{
+    unsigned bin = hak_arena_bin_of[pages];
+    pool_t *pool = &lanes[lane].pools[bin];
+    if (likely(!atomic_load_explicit(&pool->count, memory_order_relaxed)))
+        return NULL;
+    return pool_pop(pool, bin);
 }
 
 /* The purger's pass over lane l's pools (lane_purge): those whose first
@@ -896,13 +903,10 @@ void arena_front_check(const uintptr_t *b, uint32_t pages, unsigned count)
         hak_free_list_corrupt(b);
 }
 
-/* p, page-aligned inside a page arena, which the calling thread's front
- * did not keep: if it starts a block handed out of a front's size whose
- * bin's limit is not 0, to its lane's pool, else to arena_free. Out of
- * line, judging the block again, so that the fronts' pushes keep their
- * registers (a choice made in arena_front_free took battle json's pair
- * 12 instructions more, in class_free three pushes and pops). */
-static HAK_NOINLINE void front_overflow(void *p, const char *op)
+/* front_overflow's block of another lane than the thread's: if it starts
+ * a block handed out of a front's size whose bin's limit is not 0, to its
+ * lane's pool, else to arena_free. */
+static HAK_NOINLINE void pool_overflow(void *p, const char *op)
 {
     arena_t *a = arena_of(p);
     uint32_t page = page_index(a, p);
@@ -919,6 +923,20 @@ static HAK_NOINLINE void front_overflow(void *p, const char *op)
             return;
     }
     arena_free(p, op);
+}
+
+/* p, page-aligned inside a page arena, which the calling thread's front
+ * did not keep: a block of the thread's own lane to arena_free, another
+ * lane's to pool_overflow. Out of line, so that the fronts' pushes keep
+ * their registers (a choice made in arena_front_free took battle json's
+ * pair 12 instructions more, in class_free three pushes and pops), and
+ * with no frame of its own: the lane's test and a jump. */
+static HAK_NOINLINE void front_overflow(void *p, const char *op)
+{
+    if (arena_of(p)->lane == &lanes[heap_get()->arena_lane])
+        arena_free(p, op);
+    else
+        pool_overflow(p, op);
 }
 
 /* p, a block of a class's bin (above 64 KiB) whose head entry e is at

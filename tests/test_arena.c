@@ -19,6 +19,7 @@
 #define _GNU_SOURCE
 #include "check.h"
 #include "hakmem.h"
+#include "other_lane.h"
 #include "rss.h"
 
 #include <malloc.h>
@@ -235,45 +236,42 @@ static void test_front_budget(void)
     CHECK(held > 8 * MiB - 20 * KiB);
 }
 
-/* Behind the front, its lane's pool (HAKMEM_ARENA_POOL=1M; without it,
- * nothing is pooled): of n blocks of size freed, those
- * past the full bin (512 KiB: 12 of 40 KiB, 4 of 104) wait there (up to
- * 1 MiB: 9 of 104 KiB, 14 blocks at most), counted in arena_pooled_bytes
- * and denied by hak_owns, for the mallocs of their size that find the
- * bin empty, which take them back (the same blocks); a collect empties
- * it. A sample, or the purger at the front, may change the counts now and
- * then: three tries. */
-enum { POOL_TEST_MAX = 20 };
-static bool pool_served(size_t size, size_t kept, int n)
+/* Behind the fronts, the lanes' pools: n blocks of size freed by a thread
+ * of another lane (other_lane.h), past its full bin, wait in the pool of
+ * their own lane (1 MiB: 9 of 104 KiB, 14 blocks at most), counted in
+ * arena_pooled_bytes and denied by hak_owns, for the next malloc of their
+ * size on their lane that finds its bin empty: ours, which takes them
+ * back (the same blocks); a collect empties the pools. Without pools (or
+ * on one CPU, one lane) none is pooled. A sample, or the purger, may
+ * change the counts now and then: three tries. */
+enum { POOL_TEST_MAX = 16 };
+static bool pool_served(size_t size, int n)
 {
-    hak_collect(false);
+    hak_collect(true);
     size_t before = stats().arena_bytes;
     char *block[POOL_TEST_MAX], *again[POOL_TEST_MAX];
-    for (int i = 0; i < n; i++) /* each finds the bin empty: its limit grows */
+    for (int i = 0; i < n; i++)
         block[i] = heap_malloc(size);
-    for (int i = 0; i < n; i++)
-        free(block[i]);
+    int pooled = other_lane_free(block, n, size);
+    bool ok = true;
+    if (!other_lane_pools()) {
+        CHECK(pooled == 0 && stats().arena_pooled_bytes == 0);
+    } else {
+        ok = pooled >= n - 1 && stats().arena_pooled_bytes == (size_t)pooled * pages_of(size);
+        CHECK(!hak_owns(block[n - 1]));
+        int same = 0;
+        for (int i = 0; i < pooled; i++) {
+            again[i] = heap_malloc(size);
+            for (int k = n - pooled; k < n; k++)
+                same += again[i] == block[k];
+        }
+        ok = ok && same == pooled && stats().arena_pooled_bytes == 0;
+        for (int i = 0; i < pooled; i++)
+            free(again[i]);
+    }
+    other_lane_release();
+    hak_collect(true);
     hak_stats_t s = stats();
-    if (!arena_pools_on()) { /* past the front, back to the arena */
-        CHECK(s.arena_pooled_bytes == 0);
-        hak_collect(false);
-        CHECK(stats().arena_bytes == before);
-        return true;
-    }
-    bool ok = s.arena_pooled_bytes == ((size_t)n - kept) * pages_of(size) && s.arena_bytes == before + (size_t)n * pages_of(size);
-    CHECK(!hak_owns(block[n - 1]));
-    int same = 0;
-    for (int i = 0; i < n; i++) {
-        again[i] = heap_malloc(size);
-        for (int k = 0; k < n; k++)
-            same += again[i] == block[k];
-    }
-    ok = ok && same == n && stats().arena_pooled_bytes == 0;
-    for (int i = 0; i < n; i++)
-        free(again[i]);
-    CHECK(stats().arena_pooled_bytes > 0);
-    hak_collect(false);
-    s = stats();
     CHECK(s.arena_pooled_bytes == 0 && s.arena_bytes == before);
     return ok;
 }
@@ -283,31 +281,31 @@ static bool pool_served(size_t size, size_t kept, int n)
  * first delay, when a free that leaves pages to purge starts it.) */
 static void pool_purged(void)
 {
-    if (!arena_pools_on())
+    if (!other_lane_pools())
         return;
     usleep(200 * 1000);
-    char *block[20];
-    for (int i = 0; i < 20; i++)
+    char *block[8];
+    for (int i = 0; i < 8; i++)
         block[i] = heap_malloc(40 * KiB);
-    for (int i = 0; i < 20; i++)
-        free(block[i]);
-    CHECK(stats().arena_pooled_bytes > 0);
+    int pooled = other_lane_free(block, 8, 40 * KiB);
+    CHECK(pooled > 0 && stats().arena_pooled_bytes > 0);
     double start = now_ms();
     while (stats().arena_pooled_bytes > 0 && now_ms() - start < 10000)
         usleep(20000);
     printf("pool purged: %.0f ms after the frees\n", now_ms() - start);
     CHECK(stats().arena_pooled_bytes == 0);
+    other_lane_release();
 }
 
 static void test_pool(void)
 {
     bool ok = false;
     for (int try = 0; try < 3 && !ok; try++)
-        ok = pool_served(40 * KiB, 12, 20);
+        ok = pool_served(40 * KiB, 10);
     CHECK(ok);
     ok = false;
     for (int try = 0; try < 3 && !ok; try++)
-        ok = pool_served(104 * KiB, 4, 13); /* a class's bin */
+        ok = pool_served(104 * KiB, 8); /* a class's bin */
     CHECK(ok);
     pool_purged();
 }

@@ -3,6 +3,7 @@
  * multi-threaded parent with allocation in the child. */
 #define _GNU_SOURCE
 #include "check.h"
+#include "other_lane.h"
 #include "hakmem.h"
 
 #include <pthread.h>
@@ -1043,45 +1044,54 @@ static void test_mid_caches_claimed(void)
     CHECK(after.mid_bytes == start.mid_bytes);
 }
 
-/* The lanes' pools behind the arena fronts (HAKMEM_ARENA_POOL; without
- * it, none is used and the rest holds): more threads than lanes here
- * (two share one at least) keep live sets of blocks of 20..256 KiB and
- * replace one at random at each step, as bench_threads big, so that their
- * fronts' full bins give blocks to the pools and their empty ones take
- * from them, while the main thread reads the stats and collects (every
- * pool flushed under its lock) again and again. No block is handed to two
- * threads at once (each checks its marks before its free), the pools were
- * used, and once all is freed a collect leaves nothing pooled and the
- * arenas' bytes where they were. */
-enum { POOL_WORKERS = 4, POOL_LIVE = 48, POOL_ROUNDS = 4000 };
+/* The lanes' pools behind the arena fronts: more threads than lanes here
+ * trade blocks of 20..256 KiB through a table of slots, as threads that
+ * hand buffers on (each swaps its new block into a random slot and frees
+ * the one it took out, another thread's mostly), so that blocks of one
+ * lane freed by a thread of another, past its full bin, go to the pools
+ * and the pools serve their lane's mallocs, while the main thread reads
+ * the stats and collects (every pool flushed under its lock) again and
+ * again. Each block carries its size and a mark of its own, checked
+ * before its free: no block is handed to two threads at once. The pools
+ * were used (with them on and two CPUs or more), and once all is freed a
+ * collect leaves nothing pooled and the arenas' bytes where they were. */
+enum { POOL_WORKERS = 4, POOL_SLOTS = 48, POOL_ROUNDS = 4000 };
+static _Atomic(unsigned char *) pool_slots[POOL_SLOTS];
 static _Atomic int pool_workers_done;
 static _Atomic long pool_bad;
 
+/* A block of pool_worker's: its size in the first word, a mark in the
+ * next 56 bytes and in its last byte. */
+static long pool_block_bad(const unsigned char *p)
+{
+    size_t size;
+    memcpy(&size, p, sizeof size);
+    unsigned char mark = p[8];
+    return !filled_with(p + 8, 56, mark) || p[size - 1] != mark || !hak_owns(p);
+}
+
 static void *pool_worker(void *arg)
 {
-    unsigned id = (unsigned)(uintptr_t)arg, r = id * 2654435761u;
-    unsigned char *live[POOL_LIVE] = {0};
-    size_t sizes[POOL_LIVE] = {0};
+    unsigned id = (unsigned)(uintptr_t)arg, r = id * 2654435761u + 1;
     long bad = 0;
     for (int i = 0; i < POOL_ROUNDS; i++) {
         r = r * 1103515245u + 12345u;
-        unsigned slot = (r >> 8) % POOL_LIVE;
-        unsigned char mark = (unsigned char)(id * POOL_LIVE + slot); /* distinct over threads and slots */
-        if (live[slot]) {
-            bad += !filled_with(live[slot], 64, mark) || live[slot][sizes[slot] - 1] != mark || !hak_owns(live[slot]);
-            free(live[slot]);
-        }
-        sizes[slot] = 20 * 1024 + (r >> 12) % (236 * 1024);
-        live[slot] = malloc(sizes[slot]);
-        if (!live[slot]) {
+        size_t size = 20 * 1024 + (r >> 12) % (236 * 1024);
+        unsigned char *p = malloc(size);
+        if (!p) {
             bad++;
             continue;
         }
-        memset(live[slot], mark, 64);
-        live[slot][sizes[slot] - 1] = mark;
+        unsigned char mark = (unsigned char)(id * 61 + i);
+        memcpy(p, &size, sizeof size);
+        memset(p + 8, mark, 56);
+        p[size - 1] = mark;
+        unsigned char *old = atomic_exchange(&pool_slots[(r >> 8) % POOL_SLOTS], p);
+        if (old) {
+            bad += pool_block_bad(old);
+            free(old);
+        }
     }
-    for (int i = 0; i < POOL_LIVE; i++)
-        free(live[i]);
     pool_bad += bad;
     pool_workers_done++;
     return NULL;
@@ -1107,6 +1117,13 @@ static void test_lane_pools(void)
     }
     for (int i = 0; i < POOL_WORKERS; i++)
         pthread_join(workers[i], NULL);
+    for (int i = 0; i < POOL_SLOTS; i++) {
+        unsigned char *p = atomic_exchange(&pool_slots[i], NULL);
+        if (p) {
+            pool_bad += pool_block_bad(p);
+            free(p);
+        }
+    }
     hak_collect(true);
     hak_stats_t after;
     hak_stats_get(&after);
@@ -1115,7 +1132,7 @@ static void test_lane_pools(void)
            collects, (double)most_pooled / (1 << 20), (long)pool_bad, start.arena_bytes, after.arena_bytes,
            after.arena_pooled_bytes);
     CHECK(pool_bad == 0);
-    CHECK(arena_pools_on() ? most_pooled > 0 : most_pooled == 0);
+    CHECK(other_lane_pools() ? most_pooled > 0 : most_pooled == 0);
     CHECK(after.arena_pooled_bytes == 0 && after.arena_bytes == start.arena_bytes);
 }
 
