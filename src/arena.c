@@ -927,14 +927,14 @@ static HAK_NOINLINE void pool_overflow(void *p, const char *op)
 }
 
 /* p, page-aligned inside a page arena, which the calling thread's front
- * did not keep: a block of the thread's own lane to arena_free, another
- * lane's to pool_overflow. Out of line, so that the fronts' pushes keep
+ * did not keep: without pools, or a block of the thread's own lane, to
+ * arena_free; another lane's to pool_overflow. Out of line, so that the fronts' pushes keep
  * their registers (a choice made in arena_front_free took battle json's
  * pair 12 instructions more, in class_free three pushes and pops), and
  * with no frame of its own: the lane's test and a jump. */
 static HAK_NOINLINE void front_overflow(void *p, const char *op)
 {
-    if (arena_of(p)->lane == &lanes[heap_get()->arena_lane])
+    if (!hak_config.arena_pool || arena_of(p)->lane == &lanes[heap_get()->arena_lane])
         arena_free(p, op);
     else
         pool_overflow(p, op);
@@ -970,10 +970,7 @@ static HAK_NOINLINE void class_free(void *p, const char *op, arena_t *a, uint32_
             }
         }
     }
-    if (hak_config.arena_pool)
-        front_overflow(p, op);
-    else
-        arena_free(p, op);
+    front_overflow(p, op);
 }
 
 /* p, inside a page arena, goes to the calling thread's front if it starts
@@ -1013,10 +1010,8 @@ void arena_front_free(void *p, const char *op)
     }
     if (kept)
         heap_mid_cached(heap);
-    else if (hak_config.arena_pool)
-        front_overflow(p, op);
     else
-        arena_free(p, op);
+        front_overflow(p, op);
 }
 
 /* Every block of heap's front goes back to its arena, and the limits

@@ -1055,8 +1055,8 @@ static void test_mid_caches_claimed(void)
  * before its free: no block is handed to two threads at once. The pools
  * were used (with them on and two CPUs or more), and once all is freed a
  * collect leaves nothing pooled and the arenas' bytes where they were. */
-enum { POOL_WORKERS = 4, POOL_SLOTS = 48, POOL_ROUNDS = 4000 };
-static _Atomic(unsigned char *) pool_slots[POOL_SLOTS];
+enum { POOL_WORKERS = 4, TRADE_SLOTS = 48, POOL_ROUNDS = 4000 };
+static _Atomic(unsigned char *) trade_slots[TRADE_SLOTS];
 static _Atomic int pool_workers_done;
 static _Atomic long pool_bad;
 
@@ -1086,7 +1086,7 @@ static void *pool_worker(void *arg)
         memcpy(p, &size, sizeof size);
         memset(p + 8, mark, 56);
         p[size - 1] = mark;
-        unsigned char *old = atomic_exchange(&pool_slots[(r >> 8) % POOL_SLOTS], p);
+        unsigned char *old = atomic_exchange(&trade_slots[(r >> 8) % TRADE_SLOTS], p);
         if (old) {
             bad += pool_block_bad(old);
             free(old);
@@ -1117,8 +1117,8 @@ static void test_lane_pools(void)
     }
     for (int i = 0; i < POOL_WORKERS; i++)
         pthread_join(workers[i], NULL);
-    for (int i = 0; i < POOL_SLOTS; i++) {
-        unsigned char *p = atomic_exchange(&pool_slots[i], NULL);
+    for (int i = 0; i < TRADE_SLOTS; i++) {
+        unsigned char *p = atomic_exchange(&trade_slots[i], NULL);
         if (p) {
             pool_bad += pool_block_bad(p);
             free(p);
