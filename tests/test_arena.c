@@ -119,6 +119,8 @@ static void test_front(void)
     CHECK(stats().arena_bytes == before);
     /* Without a call: the purger empties it a purge delay after the first
      * free into it (three delays allowed). */
+    if (!purge_thread_on())
+        return;
     free(heap_malloc(40 * KiB));
     CHECK(stats().arena_bytes == before + block);
     for (int i = 0; i < 100 && stats().arena_bytes != before; i++)
@@ -281,7 +283,7 @@ static bool pool_served(size_t size, int n)
  * first delay, when a free that leaves pages to purge starts it.) */
 static void pool_purged(void)
 {
-    if (!other_lane_pools())
+    if (!other_lane_pools() || !purge_thread_on())
         return;
     usleep(200 * 1000);
     char *block[8];
@@ -440,6 +442,8 @@ static void test_trim(void)
  * back a delay or two after they were freed, with no call into hakmem. */
 static void test_purge_after_delay(void)
 {
+    if (skipped_without_purge_thread("purge after delay"))
+        return;
     enum { N = 16 };
     char *blocks[N];
     for (int i = 0; i < N; i++) {
@@ -464,6 +468,7 @@ static void test_purge_after_delay(void)
  * class), all in place. */
 static void test_realloc_in_place(void)
 {
+    hak_collect(true); /* no free run left by the tests before, purged or not */
     char *p = heap_malloc(200 * KiB);
     fill(p, 200 * KiB, 7);
     char *q = realloc(p, 400 * KiB);

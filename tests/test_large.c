@@ -393,6 +393,8 @@ static void test_reshape_under_threads(void)
  * by default) has passed, by the purger, with no call; the mapping stays. */
 static void test_purge_after_delay(void)
 {
+    if (skipped_without_purge_thread("purge after delay"))
+        return;
     hak_collect(true);
     char *p = alloc_site_a(32 * MiB);
     CHECK(p != NULL);
@@ -578,6 +580,8 @@ static void *free_then_sleep(void *arg)
 
 static void test_front_of_sleeping_thread(void)
 {
+    if (skipped_without_purge_thread("front of a sleeping thread"))
+        return;
     hak_collect(true);
     atomic_store(&worker_step, 0);
     size_t start = rss_bytes();

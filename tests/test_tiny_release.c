@@ -142,6 +142,8 @@ static void test_random_replacement(void)
  * before the delay). */
 static void test_rss_back(void)
 {
+    if (skipped_without_purge_thread("rss back"))
+        return;
     enum { N = 200000 };
     void **blocks = calloc(N, sizeof *blocks);
     CHECK(blocks != NULL);
