@@ -713,6 +713,9 @@ void purger_young_retaken(size_t bytes);
 void purger_notify_freed(size_t bytes);
 void purger_notify_cached(void);
 void purger_poll(void);
+/* The calling thread collects (hak_collect) from now on, or no longer:
+ * its frees meanwhile start no inline purge pass (purge_inline). */
+void purger_collecting(bool on);
 void purger_heap_settled(void);
 
 /* The calling thread has left a list update or a mid section, inside

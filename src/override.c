@@ -251,6 +251,7 @@ HAK_EXPORT bool hak_owns(const void *p)
 HAK_EXPORT void hak_collect(bool force)
 {
     hak_ensure_init();
+    purger_collecting(true);
     /* Orphans first: a thread without a heap is given one of them, whose
      * remote frees its own collect must then drain (the other order left
      * that heap's blocks undrained). */
@@ -264,6 +265,7 @@ HAK_EXPORT void hak_collect(bool force)
     arena_purge(force);
     bigcache_collect(force);
     sample_collect();
+    purger_collecting(false);
 }
 
 HAK_EXPORT int hak_tiny_class_count(void) { return TINY_CLASSES; }

@@ -39,6 +39,7 @@ static bool purger_stop;            /* the thread is to exit now (purger_retire)
 static pid_t purger_last_tid;       /* the kernel's id of the thread that last exited */
 static _Atomic uint64_t next_inline_check_ms;
 static HAK_TLS bool purger_self;      /* this thread is the purger */
+static HAK_TLS bool collecting;       /* this thread runs a purge pass or a collect (purger_collecting) */
 static uint64_t started_ms;           /* when hakmem started in this program */
 static _Atomic bool untold;           /* a young program's frees started no thread */
 _Atomic bool hak_purger_start_wanted; /* deferred until the heap's lists are consistent */
@@ -161,13 +162,24 @@ static void purger_start(void)
     pthread_mutex_unlock(&purger_lock);
 }
 
+/* Without the thread, a pass a few times per delay, in whichever call
+ * comes. Never inside a pass or a collect of the same thread: the frees
+ * those make (a front flushed under heaps_lock, a pool under its lane's
+ * purge lock) come here, and a pass would take those locks again. */
 static void purge_inline(void)
 {
+    if (collecting)
+        return;
     uint64_t now = os_now_ms(), due = atomic_load_explicit(&next_inline_check_ms, memory_order_relaxed);
     uint64_t step = (uint64_t)hak_config.purge_delay_ms / 4 + 1;
-    if (now >= due && atomic_compare_exchange_strong(&next_inline_check_ms, &due, now + step))
+    if (now >= due && atomic_compare_exchange_strong(&next_inline_check_ms, &due, now + step)) {
+        collecting = true;
         purge_pass();
+        collecting = false;
+    }
 }
+
+void purger_collecting(bool on) { collecting = on; }
 
 /* Pages now wait for a purge. Called with no hakmem lock held; the
  * caller's heap may be in the middle of a list update or of a mid section

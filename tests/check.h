@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <time.h>
 
 static int checks_passed, checks_failed;
@@ -73,12 +74,17 @@ static inline char *heap_malloc(size_t size)
     }
 }
 
-/* The purger thread runs (HAKMEM_PURGE_THREAD, on by default): without
- * it, pages go back inside allocator calls only. */
+/* The purger thread runs (HAKMEM_PURGE_THREAD, on by default; off as
+ * options.c reads a boolean): without it, pages go back inside allocator
+ * calls only. */
 static inline bool purge_thread_on(void)
 {
+    static const char *const off[] = {"0", "false", "no", "off"};
     const char *v = getenv("HAKMEM_PURGE_THREAD");
-    return !v || strcmp(v, "0") != 0;
+    for (unsigned i = 0; v && i < sizeof off / sizeof off[0]; i++)
+        if (strcasecmp(v, off[i]) == 0)
+            return false;
+    return true;
 }
 
 /* For a check that memory goes back with no call: true (and says so)

@@ -24,6 +24,7 @@
 
 #include <malloc.h>
 #include <pthread.h>
+#include <semaphore.h>
 #include <signal.h>
 #include <stdatomic.h>
 #include <stdbool.h>
@@ -463,6 +464,59 @@ static void test_purge_after_delay(void)
     }
 }
 
+/* Without the purger thread, purges run inside allocator calls, and a
+ * collect's own frees must not start one: a collect that flushed another
+ * thread's front under heaps_lock, whose free was the first to leave
+ * pages for a purge once the inline check fell due, ran a pass that took
+ * heaps_lock again and hung for ever (session 57; under a pool's flush,
+ * the lane's purge lock likewise). The other thread's front holds blocks
+ * a delay old, nothing else is dirty, and the collect must return. */
+static sem_t front_filled, front_may_exit;
+
+static void *fill_front_and_wait(void *arg)
+{
+    (void)arg;
+    char *b[3] = {heap_malloc(40 * KiB), heap_malloc(40 * KiB), heap_malloc(40 * KiB)};
+    for (int i = 0; i < 3; i++) /* its bin's limit grows with each miss */
+        fill(b[i], 40 * KiB, i);
+    for (int i = 0; i < 3; i++)
+        free(b[i]);
+    sem_post(&front_filled);
+    sem_wait(&front_may_exit);
+    return NULL;
+}
+
+static void collect_hung(int sig)
+{
+    (void)sig;
+    static const char msg[] = "test_arena: hak_collect hung inside an inline purge\n";
+    (void)!write(2, msg, sizeof msg - 1);
+    _exit(1);
+}
+
+static void test_collect_with_inline_purges(void)
+{
+    if (purge_thread_on())
+        return; /* the thread purges: no pass runs inside a call */
+    hak_collect(true); /* nothing dirty, and the arenas' flag that wakes a purge cleared */
+    sem_init(&front_filled, 0, 0);
+    sem_init(&front_may_exit, 0, 0);
+    pthread_t t;
+    pthread_create(&t, NULL, fill_front_and_wait, NULL);
+    sem_wait(&front_filled);
+    CHECK(stats().arena_bytes >= 40 * KiB); /* blocks wait in its front */
+    usleep(150 * 1000); /* its front a purge delay old, the inline check due */
+    signal(SIGALRM, collect_hung);
+    alarm(20);
+    hak_collect(false);
+    alarm(0);
+    signal(SIGALRM, SIG_DFL);
+    printf("collect with inline purges: returned\n");
+    sem_post(&front_may_exit);
+    pthread_join(t, NULL);
+    hak_collect(true);
+}
+
 /* realloc: a block at the top grows into the wilderness, one before a
  * free run into it, and a shrink gives its tail back (all but its size
  * class), all in place. */
@@ -805,6 +859,7 @@ int main(int argc, char **argv)
     test_best_fit_far_bin();
     test_trim();
     test_purge_after_delay();
+    test_collect_with_inline_purges();
     test_realloc_in_place();
     test_aligned();
     test_calloc();
