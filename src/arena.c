@@ -929,10 +929,11 @@ static HAK_NOINLINE void pool_overflow(void *p, const char *op)
 
 /* p, page-aligned inside a page arena, which the calling thread's front
  * did not keep: without pools, or a block of the thread's own lane, to
- * arena_free; another lane's to pool_overflow. Out of line, so that the fronts' pushes keep
- * their registers (a choice made in arena_front_free took battle json's
- * pair 12 instructions more, in class_free three pushes and pops), and
- * with no frame of its own: the lane's test and a jump. */
+ * arena_free; another lane's to pool_overflow. Out of line, so that the
+ * fronts' pushes keep their registers (a choice made in arena_front_free
+ * took battle json's pair 12 instructions more, in class_free three
+ * pushes and pops), and with no frame of its own: the lane's test and a
+ * jump. */
 static HAK_NOINLINE void front_overflow(void *p, const char *op)
 {
     if (!hak_config.arena_pool || arena_of(p)->lane == &lanes[heap_get()->arena_lane])
