@@ -842,6 +842,18 @@ static void slab_purge_free_blocks(slab_t *s)
     }
 }
 
+/* heap's mid caches and front were emptied under its list mark (a
+ * collect, an orphan taken over), which keeps the purger's claim off: the
+ * next free into them starts a new purge delay and tells the purger
+ * (heap_mid_cached). Left set, the flag kept the start of a delay from
+ * before: the next pass flushed the new front and reset its limits at
+ * once, and without the purger thread that pass could come at any call
+ * (CI's arena_no_purge_thread, session 59). */
+static void heap_mid_caches_emptied(heap_t *heap)
+{
+    atomic_store_explicit(&heap->mid_cached, false, memory_order_relaxed);
+}
+
 /* Everything the heap holds and does not use goes back: cached blocks to
  * their slabs or arenas, empty slabs to their SuperSlabs, empty
  * SuperSlabs to the pool (unmapped beyond the reserve now with unmap_now,
@@ -860,6 +872,7 @@ void heap_collect(heap_t *heap, bool unmap_now)
             for (; s; s = s->next == first ? NULL : s->next)
                 slab_purge_free_blocks(s);
     }
+    heap_mid_caches_emptied(heap);
     heap_release_spares(heap, heap);
     hak_assert(heap->kept_empty_bytes == 0); /* no slab is kept: the accounts agree */
     superslab_give_back_empty(heap, unmap_now);
@@ -1182,6 +1195,7 @@ static bool heap_absorb_orphan(heap_t *heap, uint64_t orphaned_before_ms)
     for (unsigned c = 0; c < CLASS_COUNT; c++)
         heap_take_class(heap, o, c); /* a heap orphaned by fork may hold a cache */
     arena_front_flush(o);            /* and a front */
+    heap_mid_caches_emptied(o);
     heap_release_spares(heap, o);
     pthread_mutex_lock(&heaps_lock);
     atomic_store_explicit(&o->in_slow, 0, memory_order_relaxed);

@@ -129,6 +129,29 @@ static void test_front(void)
     CHECK(stats().arena_bytes == before);
 }
 
+/* A collect empties the front, and the next free into it starts a new
+ * purge delay: a pass that comes right after keeps the block. The delay
+ * used to start at the free before the collect, which left the heap's
+ * flag set: without the purger thread, the next pass flushed the new
+ * front, and its limits, at once (session 59; a thread that reused a
+ * collected heap lost its front the same way). */
+static void test_front_delay_after_collect(void)
+{
+    free(heap_malloc(40 * KiB)); /* a delay starts */
+    hak_collect(false);          /* the front emptied, within that delay */
+    usleep(150 * 1000);          /* the delay over, no call made */
+    size_t before = stats().arena_bytes;
+    double start = now_ms();
+    free(heap_malloc(40 * KiB)); /* a new delay */
+    free(heap_malloc(512 * KiB)); /* pages to purge: a pass now, without the thread */
+    if (now_ms() - start > 50) {
+        printf("front delay after a collect: skipped, the machine too slow to tell\n");
+    } else {
+        CHECK(stats().arena_bytes == before + pages_of(40 * KiB));
+    }
+    hak_collect(false);
+}
+
 /* Every size above the tiny ones up to 64 KiB has its list among the
  * thread's mid fronts, a mid class's stash or a page count's bin of the
  * front to the arenas (hak_front_of, one per 128 B of sizes): the block
@@ -849,6 +872,7 @@ int main(int argc, char **argv)
     size_t live_at_start = stats().arena_bytes;
     test_served();
     test_front();
+    test_front_delay_after_collect();
     test_front_every_size();
     test_front_classes();
     test_front_budget();
