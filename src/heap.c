@@ -842,13 +842,14 @@ static void slab_purge_free_blocks(slab_t *s)
     }
 }
 
-/* heap's mid caches and front were emptied under its list mark (a
- * collect, an orphan taken over), which keeps the purger's claim off: the
- * next free into them starts a new purge delay and tells the purger
- * (heap_mid_cached). Left set, the flag kept the start of a delay from
- * before: the next pass flushed the new front and reset its limits at
- * once, and without the purger thread that pass could come at any call
- * (CI's arena_no_purge_thread, session 59). */
+/* heap's mid caches and front were emptied, by the purger under its
+ * claim (heaps_flush_mid) or under the heap's list mark, which keeps the
+ * claim off (a collect, an orphan taken over): the next free into them
+ * starts a new purge delay and tells the purger (heap_mid_cached). Once
+ * only the purger cleared the flag: after a collect it kept the start of
+ * a delay from before, and the next pass flushed the new front and reset
+ * its limits at once; without the purger thread that pass could come at
+ * any call (CI's arena_no_purge_thread, session 59). */
 static void heap_mid_caches_emptied(heap_t *heap)
 {
     atomic_store_explicit(&heap->mid_cached, false, memory_order_relaxed);
@@ -994,7 +995,7 @@ uint64_t heaps_flush_mid(bool all)
             continue;
         }
         heap_flush_mid_caches(h);
-        atomic_store_explicit(&h->mid_cached, false, memory_order_relaxed);
+        heap_mid_caches_emptied(h);
         atomic_store_explicit(&h->mid_claimed, false, memory_order_release);
     }
     pthread_mutex_unlock(&heaps_lock);
