@@ -5,7 +5,7 @@ BENCH_ARGS ?=
 # Debian's python3, where python3-matplotlib installs (not a pyenv one)
 PYTHON ?= /usr/bin/python3
 
-.PHONY: all release debug ubsan tsan soak fuzz long-run test bench bench-full deps bench-deps install clean
+.PHONY: all release debug ubsan tsan soak fuzz long-run test bench bench-full deps bench-deps install clean options-doc
 
 all: release
 
@@ -59,6 +59,10 @@ bench: bench-deps release
 
 bench-full: bench-deps release
 	$(PYTHON) bench/run.py --build build/release --full $(BENCH_ARGS)
+
+# docs/options.md's table, printed by the library from src/options.c
+options-doc: release
+	scripts/options_doc.sh build/release/tests/print_options docs/options.md
 
 install: release
 	cmake --install build/release

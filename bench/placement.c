@@ -1,7 +1,7 @@
 /* Battle mixed's loop with no allocator: its blocks at fixed addresses,
  * placed at the page offsets given, so that what the placement alone costs
- * on a machine can be measured apart from any allocator's code (docs/
- * benchmarks.md, session 52: hakmem's large blocks, all two lines into
+ * on a machine can be measured apart from any allocator's code (at
+ * 7981201: hakmem's large blocks, all two lines into
  * their first page, ran mixed 7.7% slower than glibc's scattered ones).
  * Each of mixed's sizes (64 KiB, 256 KiB, 2 MiB, 8 KiB, 100 KiB) has two
  * blocks that take turns, as the live set of 8 makes them under every
@@ -25,7 +25,7 @@ static const struct preset {
 } presets[] = {
     /* glibc 2.36's, read off a run of mixed: 16-byte headers scatter them */
     {"glibc", {{0x2a0, 0x2d0}, {0x310, 0x320}, {0x330, 0x340}, {0x2b0, 0x2e0}, {0x2c0, 0x2f0}}},
-    /* hakmem before session 52: page-aligned arena and slab blocks, every large block at 128 */
+    /* hakmem before 7981201: page-aligned arena and slab blocks, every large block at 128 */
     {"fixed", {{0, 0}, {0, 0}, {0x80, 0x80}, {0, 0}, {0, 0}}},
     /* hakmem since: the first two large mappings' colours, lines 2 and 9 */
     {"colours", {{0, 0}, {0, 0}, {0x80, 0x240}, {0, 0}, {0, 0}}},

@@ -121,7 +121,7 @@ def allocators(build, libdir):
     if not os.path.exists(hakmem):
         sys.exit(f"run.py: {hakmem} not found; build with `make release` first")
     found.append({"name": "hakmem", "version": hakmem_version(), "env": {"LD_PRELOAD": hakmem}})
-    # The hardened library, where issue 7 bounds its cost: the Tiny tier.
+    # The hardened library, whose cost is bounded: the Tiny tier.
     secure = os.path.join(build, "libhakmem-secure.so")
     if os.path.exists(secure):
         found.append({"name": "hakmem-secure", "version": hakmem_version() + " hardened",

@@ -6,7 +6,7 @@
 # median and the median of its per-round ratio to the first entry (a ratio
 # taken within a round is steadier on a noisy machine than a ratio of
 # medians: on the development VMs a library's medians moved 6% from run
-# to run, docs/benchmarks.md, session 52).
+# to run, measured at 7981201).
 #
 # Usage: scripts/ab.sh ROUNDS "BENCH ARGS..." [METRIC]
 #   LIBS   entries "name=LIBRARY[|VAR=VALUE...]" separated by spaces; LIBRARY

@@ -12,7 +12,7 @@ Resident = pages ever written (the benchmark writes one byte per page of
 each block), less free pages purged once they stayed free for PURGE
 allocations; each write to a page not resident is a page fault, the cost
 a purge setting pays for its footprint. It says what a placement could
-reach before one is built (docs/benchmarks.md, sessions 12, 13 and 18).
+reach before one is built (docs/design-notes.md, the mid tier).
 
 Usage: scripts/footprint_sim.py [OPERATIONS] [PURGE...]
 """

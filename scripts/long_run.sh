@@ -26,7 +26,7 @@ end=$((SECONDS + seconds))
 # redis-server. Each run is a new process: start-up, a young program's
 # paths, the purger thread's start and exit. Each soak is one process and
 # goes through these once. A sample recorded as free was only seen this
-# way, in about 1 run in 100 under load (docs/reliability.md, session 45).
+# way, in about 1 run in 100 under load (docs/reliability.md, profiling).
 short_lives() {
   local port=$((20000 + $$ % 12000)) runs=0 failed=0
   redis-server --port $port --bind 127.0.0.1 --save '' --appendonly no >"$log/redis_server.txt" 2>&1 &

@@ -148,8 +148,8 @@ static HAK_NOINLINE void *hak_alloc_front_missed(size_t size, uintptr_t site)
  * last of the size's mid front, with the same instructions whichever
  * tier the list holds, so that no branch follows the tier. Where a
  * program mixes the tiers at random (bench mid: 1..64 KiB), a branch on
- * the tier went the other way at one malloc in four (docs/benchmarks.md,
- * session 44). Anything else takes the tier's own path: an empty list,
+ * the tier went the other way at one malloc in four (measured at
+ * ed112a5). Anything else takes the tier's own path: an empty list,
  * the sample, the purger at the fronts, and the hardened build, which
  * reads each tier's links its own way (heap_stash_pop, arena_front_pop). */
 static inline void *hak_alloc_front(size_t size, uintptr_t site)
@@ -371,8 +371,8 @@ void hak_free_stashed_or_irregular(slab_t *s, void *p, const char *op)
  * place, into the free pages after it: a buffer doubled from 64 KiB to 4
  * MiB and freed, again and again, was copied each time it left the arena
  * at 1 MiB (battle grow: 38.3 us a round against glibc's 5.5, which grows
- * it at its heap's top; 6.2 with the growth in place, docs/benchmarks.md,
- * session 55). Up to half of HAKMEM_ARENA_TRIM (16 MiB by default), so
+ * it at its heap's top; 6.2 with the growth in place,
+ * measured at 2e056b0). Up to half of HAKMEM_ARENA_TRIM (16 MiB by default), so
  * that its free leaves the wilderness it joins below the trim, whose
  * pages the next buffer grows into. A block that has to leave past the
  * threshold after all (no free pages after it, or above the bound) is

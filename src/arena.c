@@ -12,7 +12,7 @@
  * above the highest block is the wilderness, used only when no free run
  * fits: space freed at the top joins it, and is given back to the OS past
  * HAKMEM_ARENA_TRIM (glibc's trim) or once no block reached it for a
- * purge delay (docs/benchmarks.md, session 20).
+ * purge delay (measured at 3b66a85).
  *
  * Layout: the arena header (its state and a map with one 8-byte entry per
  * page) fills the first pages; no metadata lives in the blocks, so a
@@ -545,7 +545,7 @@ static void arena_dirtied(uint32_t pages)
  * HAKMEM_PREWARM the others, which are not resident, fault in with one
  * call (0.5 us a page against 10 for a fault on our VMs: bench rss-time
  * 685 -> 967 k blocks/s, with HAKMEM_ARENA_TRIM=4M 62 -> 227,
- * docs/benchmarks.md session 30). */
+ * measured at 373bbb5). */
 void *arena_alloc(size_t size, size_t align, unsigned lane_index, bool zero)
 {
     uint32_t pages = size ? arena_class_pages((uint32_t)((size + ARENA_PAGE - 1) >> ARENA_PAGE_SHIFT)) : 1;
@@ -758,7 +758,7 @@ size_t arena_realloc_in_place(void *p, size_t size, bool resize, bool *resized, 
  * a split, and at the free a merge with the block's neighbours: threads
  * that hand buffers to each other reuse them at once (two threads trading
  * buffers of 64..256 KiB, written on every page: 0.90-0.92 of the time
- * without pools; docs/benchmarks.md, session 56). A thread's own blocks
+ * without pools; measured at 463d85b). A thread's own blocks
  * past its bin go back to their arena: pooled too, they made bench_threads
  * big (64 live blocks of 64..256 KiB replaced at random, written only at
  * their start) 1.26 times as fast, but with its blocks written on every
@@ -771,7 +771,7 @@ size_t arena_realloc_in_place(void *p, size_t size, bool resize, bool *resized, 
  * front (E_IN_FRONT: a free of one is a double free). A pool holds
  * POOL_SLOTS blocks and HAKMEM_ARENA_POOL bytes at most (none by
  * default: the stress test's soak gains nothing from 1 MiB pools, 0.95-1.11
- * of the operations in ten pairs of runs, session 57; at 1 MiB, 4 blocks
+ * of the operations in ten pairs of runs, measured at 1e33727; at 1 MiB, 4 blocks
  * of 256 KiB, 14 of 64 KiB). (A byte budget for the
  * whole lane cost its atomic adds at each push and pop.) The purger gives
  * a pool's blocks back to their arenas a purge delay after its first one
@@ -875,7 +875,7 @@ void arena_pools_flush(unsigned lane) { pools_flush(&lanes[lane], true, 0, 0); }
  * next mallocs of that many pages take back without the lane lock and
  * while their lines are still in the cache (bench mid, blocks of 1..64
  * KiB: 31 Mops/s with every block of 16-64 KiB through the lane,
- * docs/benchmarks.md, session 21). The malloc side is arena_front_take
+ * measured at f3e89a1). The malloc side is arena_front_take
  * (internal.h), inline in the allocation path.
  *
  * A bin keeps as many blocks as its thread's mallocs asked for: its limit
@@ -1039,7 +1039,7 @@ void arena_front_flush(heap_t *heap)
  * pages above the highest top since the last look (none of them was
  * handed out for a delay: on a steady churn the top moves up and down by
  * several MiB, and trimming all of it cost a page fault per block,
- * docs/benchmarks.md, session 20). With force, every dirty page goes.
+ * measured at 3b66a85). With force, every dirty page goes.
  *
  * The madvise calls run with the lane unlocked: one look on bench
  * rss-time held the lock 2.4 ms (1.5 in free extents, 0.9 in the

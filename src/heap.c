@@ -241,13 +241,13 @@ static void *slab_take_list(slab_t *s)
  * its local list, what other threads freed, or new blocks, in that order:
  * carving before taking the remote frees had a producer whose blocks a
  * consumer frees touch each class's whole slab (bench prodcons: 5.9 MiB
- * resident at the end against 3.2, docs/benchmarks.md session 25).
+ * resident at the end against 3.2, measured at dcf154b).
  * A short local list means another refill soon (a small ring of live
  * blocks keeps it short for good): the remote frees go first, and the
  * list waits to grow, else it is lengthened once with new blocks. (It
  * was lengthened with new blocks while remote frees waited: larson's
  * owners, which free some of their blocks themselves, carved every slab
- * of the small classes whole, 64 KiB for a few KiB in use, session 47.)
+ * of the small classes whole, 64 KiB for a few KiB in use, measured at 6c20372.)
  * Every block handed to the cache counts as used. */
 static void *slab_take_blocks(heap_t *heap, slab_t *s)
 {
@@ -644,7 +644,7 @@ static bool slab_would_carve(slab_t *s)
  * their slab, freeing and taking them back at random, found one block at
  * a time there (1 KiB blocks, 64 live: a refill at every malloc, 268
  * instructions an iteration against tcmalloc's 145, 147 now:
- * docs/benchmarks.md, session 27). So a class grows until the slabs a
+ * measured at 8dadaa7). So a class grows until the slabs a
  * refill looks at hold SCARCE_BLOCKS free blocks; tiny slabs hold 64 at
  * least. */
 static inline slab_t *heap_another_slab(heap_t *heap, unsigned c, bool plenty)
@@ -849,7 +849,7 @@ static void slab_purge_free_blocks(slab_t *s)
  * only the purger cleared the flag: after a collect it kept the start of
  * a delay from before, and the next pass flushed the new front and reset
  * its limits at once; without the purger thread that pass could come at
- * any call (CI's arena_no_purge_thread, session 59). */
+ * any call (CI's arena_no_purge_thread failed so before 222c163). */
 static void heap_mid_caches_emptied(heap_t *heap)
 {
     atomic_store_explicit(&heap->mid_cached, false, memory_order_relaxed);
@@ -1148,7 +1148,7 @@ static bool threads_recycled(void)
  * left as it is, caches and current slabs included, since the next thread
  * will use them: the collect at each exit, and the refills that rebuilt
  * what it took apart, cost bench_threads churn 2 a fifth of its time
- * (docs/benchmarks.md, session 28); the purger collects it once it has
+ * (measured at c96b74d); the purger collects it once it has
  * waited the purge delay unadopted. Otherwise it is collected now, the
  * empty SuperSlabs beyond the reserve unmapped and the dirty pages of the
  * thread's arena lane purged: threads that do not come back (a pool that

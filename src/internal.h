@@ -76,7 +76,7 @@ enum seg_kind {
  * in the page arenas (arena.c): less than a page of slack, which is
  * jemalloc's 4 classes per doubling from 16 KiB and 8 from 32 KiB; a
  * class of its own per size left about 3 free blocks per class in slabs
- * on bench rss-time (docs/benchmarks.md, session 21). */
+ * on bench rss-time (measured at f3e89a1). */
 #define TINY_MAX 1024
 #define TINY_CLASSES 64
 #define MID_CLASSES_PER_DOUBLING 8
@@ -127,7 +127,7 @@ static inline bool class_is_tiny(unsigned c) { return c < TINY_CLASSES; }
  * through the stash made a pair of a tiny and a mid block 14.2 -> 7.7 ns
  * but bench_tiny lifo 16 B 294 -> 218 M ops/s and interleaved 457 -> 396
  * (75 -> 106 instructions a pair), a third of it the claim's stores
- * (docs/benchmarks.md, session 35). */
+ * (measured at 4290b54). */
 static inline bool class_stashes_frees(unsigned c) { return !class_is_tiny(c); }
 
 /* Fetch p's cache line for writing. A free reads the block's mark and
@@ -429,12 +429,12 @@ typedef struct bigcache_front {
  * 12.5% more than asked): with a bin per page count, a thread taking
  * blocks of random sizes between 64 and 256 KiB found its bin empty
  * nearly always (48 of them) and ran 1.5 to 3.4 times slower
- * (docs/benchmarks.md, session 48). A class's bin is a stack of pointers
+ * (measured at 7f1a757). A class's bin is a stack of pointers
  * in the heap, which touches no line of its blocks: a list's link and
  * mark, written into a 256 KiB block at its free and read at its malloc,
  * missed the cache there, most of a touch loop later (battle mixed 876.9
  * ns through the lane, 889.4 with lists, 878.2 with stacks; mir 379.9,
- * 381.2, 366.8; session 49). A bin holds up to
+ * 381.2, 366.8; measured at 9ce3d4d). A bin holds up to
  * ARENA_FRONT_BIN_BYTES, a heap's bins together ARENA_FRONT_BYTES; past
  * them a freed block goes to its lane's pool of its bin (arena.c). */
 #define ARENA_FRONT_MIN_PAGES ((uint32_t)(SLAB_CLASS_MAX >> ARENA_PAGE_SHIFT) + 1)
@@ -479,7 +479,7 @@ static inline uint32_t arena_class_pages(uint32_t pages)
  * link, and neither a push nor a pop stores a count. A store less counts:
  * json's pair (malloc of 64 KiB, a store to each page, free) took 40 ns at
  * 12 stores of the allocator's and 35 at 9, the stores behind the touches'
- * cache misses (docs/benchmarks.md, session 33). */
+ * cache misses (measured at 6aef694). */
 #define FRONT_COUNT_MASK (FRONT_GRANULE - 1)
 _Static_assert(ARENA_FRONT_BIN_BYTES / (ARENA_FRONT_MIN_PAGES * ARENA_PAGE) < FRONT_COUNT_MASK &&
                    HEAP_STASH_BYTES / TINY_MAX < FRONT_COUNT_MASK,
@@ -494,8 +494,8 @@ static inline unsigned front_count(uintptr_t head) { return (unsigned)(head & FR
  * flush: the free's store of the link there queued behind those writes'
  * misses, and so did the malloc's clearing of the block's second word
  * (battle json 65.8 ns against tcmalloc's 59.4; 52.6 with the link here
- * and the malloc's fetch of the first line, mid_front_pop; docs/
- * benchmarks.md, session 51). A stash block's link stays in its first
+ * and the malloc's fetch of the first line, mid_front_pop;
+ * measured at 48044f5). A stash block's link stays in its first
  * word, as on its slab's lists. */
 #define ARENA_FRONT_LINK 8
 
@@ -555,10 +555,11 @@ typedef struct heap_profile {
  * slabs, a program that keeps a few dozen blocks of 4 KiB and replaces
  * them at random spread its frees over 5 slabs, and three mallocs in four
  * took a slab switch to find one (28 ns a pair, 12 with the stash,
- * tcmalloc 6: docs/benchmarks.md, session 26); with the current slab's
+ * tcmalloc 6: measured at 885e37e); with the current slab's
  * frees to the cache and the others' to the stash, which list a free
  * went to and which a malloc found a block in were a coin toss, 0.6
- * mispredicted branches a pair (session 31). Stashed blocks count as used
+ * mispredicted branches a pair (measured at
+ * 5d058bb). Stashed blocks count as used
  * in their slabs until the purger, a collect or the thread's exit hands
  * them back. */
 typedef struct heap {
@@ -761,7 +762,7 @@ void arena_pools_flush(unsigned lane);
  * it. Its second word, as the mark of a free slab block, was read by the
  * free after the program's page-strided writes had flushed the block's
  * first line from L1: json 100.8 ns against 64.5 without that read on the
- * AMD host of session 50 (docs/benchmarks.md). */
+ * AMD host of f467080. */
 #define ARENA_MAP_OFFSET ((size_t)0x500)
 #define E_IN_FRONT ((uint64_t)1 << 21)
 
@@ -797,8 +798,8 @@ static inline void *arena_front_pop(heap_t *heap, unsigned bin)
  * block linked by word ARENA_FRONT_LINK and marked by E_IN_FRONT in its
  * map entry. Where a program mixes the tiers at random, a branch on the
  * tier mispredicts: bench mid (1..64 KiB) ran 17% slower with one, 8.5%
- * with a mask select and 3.9% with a cmov (docs/benchmarks.md, session
- * 50); one compare and a cmov for each word here.
+ * with a mask select and 3.9% with a cmov (measured at
+ * f467080); one compare and a cmov for each word here.
  *
  * The mark goes by flipping E_IN_FRONT: an arena block's, set while it
  * waits, clears; a stash block's second word then differs from its mark
@@ -814,7 +815,7 @@ static inline void *arena_front_pop(heap_t *heap, unsigned bin)
  * load was the slowest (58.9-61.4 against 57.6-60.8 with nothing) and
  * PREFETCHW the fastest (53.3-55.1), 41 rounds twice; on a Xeon the
  * load took 3% off json and added 6% to battle mixed, the others level
- * (docs/benchmarks.md, sessions 51, 53 and 54): a prefetch is never
+ * (measured at 48044f5, 61a7430 and 6cce8c7): a prefetch is never
  * the worst of the ways, and PREFETCHW the best of them on the Zen 3. */
 static inline void *mid_front_pop(uintptr_t *list, unsigned f)
 {
@@ -886,7 +887,7 @@ static inline void *arena_class_take(heap_t *heap, uint32_t pages)
  * 64 KiB malloc/free pair 70 instructions more than a slab block's. A
  * class's bin, above 64 KiB, too (arena_class_take): its call, out of
  * line, took a pair of bench_threads big (64..256 KiB) 13 instructions
- * more, and battle mir's 12 (session 56). */
+ * more, and battle mir's 12 (measured at 463d85b). */
 static inline void *arena_front_take(heap_t *heap, size_t size)
 {
     uint32_t pages = (uint32_t)((size + ARENA_PAGE - 1) >> ARENA_PAGE_SHIFT);

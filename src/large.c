@@ -94,8 +94,8 @@ static large_hdr_t *large_resize(large_hdr_t *h, size_t size);
  * size or more is cut to just under that (the most a cached block may
  * hold for a request, block_fits), keeping the resident pages below the
  * cut for the site's next larger request (cut to size, battle varied
- * faulted 30.0 times an iteration against 22.1, docs/benchmarks.md,
- * session 52); a smaller one grows to size. (None in between: such a
+ * faulted 30.0 times an iteration against 22.1, measured at
+ * 7981201); a smaller one grows to size. (None in between: such a
  * block fits, block_fits, and is never reshaped.) */
 static size_t reshaped_size(const large_hdr_t *h, size_t size)
 {
@@ -185,7 +185,7 @@ static void large_unmark(const large_hdr_t *h) { segmap_clear(h->user, (size_t)(
  * blocks) took 1,054 ns an iteration against 1,002 with 128 bytes for
  * every block; with those, 7.7% longer than glibc, whose 16-byte headers
  * scatter its blocks' starts over the lines, and 4.6% less with a colour
- * per mapping (docs/benchmarks.md, session 52). The line is 2 to 30,
+ * per mapping (measured at 7981201). The line is 2 to 30,
  * stepping by 7 (prime to the 29 lines), so that consecutive mappings lie
  * far apart: lines 32-63 are left out because the cache sets of a Zen 3's
  * page-strided lines repeat every 2 KiB (a colour 2 KiB from another was

@@ -1,5 +1,7 @@
-/* Every HAKMEM_* option in one table: name, type, default and meaning.
- * docs/options.md documents the same table, and a test checks they agree.
+/* Every HAKMEM_* option in one table: name, type, default, meaning and
+ * bounds. This table is the one source of the options' meanings:
+ * docs/options.md's table is printed from it (`make options-doc`), and
+ * the ctest `options` fails when the two differ.
  * Parsing runs once at init, reads the environment with getenv and never
  * allocates; a malformed value gets a warning and the default. */
 #define _GNU_SOURCE
@@ -49,7 +51,7 @@ static option_t options[] = {
      "Empty 2 MiB SuperSlabs kept mapped for reuse instead of being unmapped.",
      &hak_config.superslab_reserve, 0, 1024, {0}},
     {"HAKMEM_LARGE_THRESHOLD", OPT_SIZE, "1M",
-     "Blocks above this size get their own mapping; those above 16K up to it are runs of pages in the page arenas. A power of two from 64K to 2M.",
+     "Blocks above this size get their own mapping; those above 16 KiB up to it are runs of pages in the page arenas.",
      &hak_config.large_threshold, LARGE_THRESHOLD_MIN, 2 << 20, {0}},
     {"HAKMEM_PURGE_DELAY_MS", OPT_INT, "100",
      "Free slab pages, the pages of large blocks held by BigCache and the free pages of the page arenas are returned to the OS (MADV_DONTNEED) once they have been free this long; 0 purges at once. Also how long an exited thread's heap waits for a new thread before a live one absorbs it or the purger drains what others freed into it.",
@@ -76,7 +78,7 @@ static option_t options[] = {
      "Largest mapping BigCache keeps; bigger blocks are unmapped when freed.",
      &hak_config.bigcache_max_block, 1 << 20, (long)1 << 40, {0}},
     {"HAKMEM_ARENA_TRIM", OPT_SIZE, "32M",
-     "Freed pages at the top of a page arena kept resident: beyond this many, the top is given back at once, down to half. Less keeps RSS lower on churn at the cost of page faults, which HAKMEM_PREWARM makes cheaper (docs/benchmarks.md, sessions 20 and 30); the purger gives back the rest once the top has not reached it for a purge delay. Half of it bounds how far realloc grows a page-arena block in place past the large threshold.",
+     "Freed pages at the top of a page arena kept resident: beyond this many, the top is given back at once, down to half; the purger gives back the rest once the top has not reached it for a purge delay. Less keeps RSS lower on churn at the cost of page faults, which HAKMEM_PREWARM makes cheaper. Half of it bounds how far realloc grows a page-arena block in place past the large threshold.",
      &hak_config.arena_trim, 0, 64 << 20, {0}},
     {"HAKMEM_ARENA_POOL", OPT_SIZE, "0",
      "Bytes of freed page-arena blocks of one size (16-256 KiB) that each CPU's lane keeps in a pool, 14 blocks at most: a block freed by a thread of another lane, whose own cache of the size is full, waits there for the next malloc of the block's lane that finds its cache empty (threads that hand buffers to each other reuse them at once); given back after a purge delay. 0 (the default): no pools; 1M, say, for programs whose threads trade buffers of these sizes.",
@@ -103,7 +105,7 @@ static option_t options[] = {
      "Seed of the tuner's and the sampler's random choices, for reproducible runs; 0 seeds the tuner from the clock.",
      &hak_config.tune_seed, 0, (long)1 << 40, {0}},
     {"HAKMEM_STATS", OPT_CHOICE, "0",
-     "Print the statistics report on stderr at exit: 1 as text, json as one JSON object.",
+     "Print the statistics report on stderr at exit: 1 as text, json as one JSON object. The report goes to a copy of stderr taken at start-up, so that a program that closes stderr still gets it, and never into a file the program opened on that descriptor.",
      &hak_config.stats, 0, 0, {"0", "1", "json", NULL}},
     {"HAKMEM_VERBOSE", OPT_BOOL, "0",
      "Log decisions (SuperSlab maps and unmaps, purges, orphaned heaps) on stderr.",
@@ -288,10 +290,36 @@ void options_init(void)
         hak_warn("HAKMEM_MODE=evolving with HAKMEM_PROFILE=0", "nothing is timed, the tuner keeps HAKMEM_LARGE_THRESHOLD");
 }
 
+/* A size bound as the options are written: 64K, 2M, 1T. */
+static void print_size(FILE *out, long v)
+{
+    static const char units[] = "KMGT";
+    int unit = -1;
+    while (v >= 1024 && v % 1024 == 0 && unit < 3)
+        v /= 1024, unit++;
+    if (unit < 0)
+        fprintf(out, "%ld", v);
+    else
+        fprintf(out, "%ld%c", v, units[unit]);
+}
+
 HAK_EXPORT void hak_options_print(FILE *out)
 {
     static const char *const type_names[] = {"bool", "int", "size", "choice"};
-    for (size_t i = 0; i < OPTION_COUNT; i++)
-        fprintf(out, "%s\t%s\t%s\t%s\n", options[i].name, type_names[options[i].type],
-                options[i].default_text, options[i].meaning);
+    for (size_t i = 0; i < OPTION_COUNT; i++) {
+        const option_t *o = &options[i];
+        fprintf(out, "%s\t%s\t%s\t%s", o->name, type_names[o->type], o->default_text, o->meaning);
+        if (o->type == OPT_INT)
+            fprintf(out, " From %ld to %ld.", o->min, o->max);
+        if (o->type == OPT_SIZE) {
+            fputs(o->min ? " A power of two from " : " 0 or a power of two up to ", out);
+            if (o->min) {
+                print_size(out, o->min);
+                fputs(" to ", out);
+            }
+            print_size(out, o->max);
+            fputc('.', out);
+        }
+        fputc('\n', out);
+    }
 }

@@ -1,10 +1,10 @@
 #!/usr/bin/env python3
-"""No locked instruction on the common malloc/free pairs (docs/benchmarks.md,
-sessions 16 and 54): a locked instruction (or a fence) right after a loop
+"""No locked instruction on the common malloc/free pairs: a locked
+instruction (or a fence) right after a loop
 that wrote the block waits for those stores to drain, and the allocator's
 work then runs after the drain instead of during it (battle vm: taking
-out the 20 of its pair saved 3% in session 16; two that came back with a
-young program's accounting cost a Xeon 4% in session 54).
+out the 20 of its pair saved 3% at f0ae10d; two that came back with a
+young program's accounting cost a Xeon 4% at 6cce8c7).
 
 Runs lock_pairs under callgrind with the per-instruction counts, twice for
 each size (LOW and HIGH pairs), and fails if an instruction of the library

@@ -133,7 +133,7 @@ static void test_front(void)
  * purge delay: a pass that comes right after keeps the block. The delay
  * used to start at the free before the collect, which left the heap's
  * flag set: without the purger thread, the next pass flushed the new
- * front, and its limits, at once (session 59; a thread that reused a
+ * front, and its limits, at once (measured at 222c163; a thread that reused a
  * collected heap lost its front the same way). */
 static void test_front_delay_after_collect(void)
 {
@@ -491,7 +491,7 @@ static void test_purge_after_delay(void)
  * collect's own frees must not start one: a collect that flushed another
  * thread's front under heaps_lock, whose free was the first to leave
  * pages for a purge once the inline check fell due, ran a pass that took
- * heaps_lock again and hung for ever (session 57; under a pool's flush,
+ * heaps_lock again and hung for ever (measured at 1e33727; under a pool's flush,
  * the lane's purge lock likewise). The other thread's front holds blocks
  * a delay old, nothing else is dirty, and the collect must return. */
 static sem_t front_filled, front_may_exit;

@@ -326,7 +326,7 @@ static double fitted_rise(const size_t *v, unsigned n)
 /* RSS is flat when the line fitted to it after warm-up (the first quarter)
  * rises by at most a quarter. RSS swings by a fifth or more with the
  * workers' lives, so two quarters' floors or medians compared failed now
- * and then under a loaded ctest (session 33: floors 124 against 152 MiB).
+ * and then under a loaded ctest (measured at 6aef694: floors 124 against 152 MiB).
  * The fit over the short soak's 45 samples, three soaks at once on two
  * cores, rose by -5% to +12% in twenty runs, and by 36-67% in nine with
  * one free in 300 skipped (17-31% with one in 1,000). */

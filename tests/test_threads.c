@@ -817,7 +817,7 @@ static void test_parked_block_stashed(void)
  * lengthens). Carving first, a slab of 1365 blocks of 48 B went by before
  * any came back: 64 KiB resident a class on a producer/consumer (bench
  * prodcons: 5.9 MiB at the end, 3.2 after), and on larson's threads,
- * which free some of their own blocks too (session 47: the second case
+ * which free some of their own blocks too (measured at 6c20372: the second case
  * took 819 blocks of 80 B, the whole slab). */
 static void *free_all(void *blocks)
 {

@@ -1,7 +1,7 @@
 /* The Tiny tier gives memory back: hak_tiny_magazine_flush hands a
  * class's cached blocks back so its empty slabs are released, and after a
  * program frees everything and flushes, RSS is back within 2.5 MiB of where
- * it started (issue 4). In a HAKMEM_COUNTERS build the report shows the
+ * it started. In a HAKMEM_COUNTERS build the report shows the
  * debug counters. */
 #define _GNU_SOURCE
 #include "check.h"
