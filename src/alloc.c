@@ -195,17 +195,6 @@ void *hak_alloc_slow_size(size_t size, uintptr_t site)
     return hak_alloc_above_front(size, site);
 }
 
-/* A mapping failed: the caches give their mappings back (BigCache's
- * blocks, the pooled SuperSlabs, the reserve included), so that one retry
- * may succeed. True if anything went. Called with no lock held. */
-bool hak_release_caches(void)
-{
-    size_t before = atomic_load_explicit(&hak_mapped_bytes, memory_order_relaxed);
-    bigcache_collect(true);
-    superslab_unmap_pool();
-    return atomic_load_explicit(&hak_mapped_bytes, memory_order_relaxed) < before;
-}
-
 /* Zeroed memory above the tiny sizes: arena and large blocks clear only
  * what needs it (new or purged pages are zero already); slab blocks are
  * cleared here. */

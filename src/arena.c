@@ -585,7 +585,7 @@ void *arena_alloc(size_t size, size_t align, unsigned lane_index, bool zero)
                 memset(p, 0, stale < size && os_purged_pages_read_zero() ? stale : size);
             return p;
         }
-        if (attempt || !hak_release_caches())
+        if (attempt || !purger_release_caches())
             break;
     }
     errno = ENOMEM;
@@ -661,7 +661,7 @@ void arena_free(void *p, const char *op)
         return;
     }
     if (head & E_SAMPLED)
-        sample_arena_freed(e_record(head));
+        hak_profile_hooks.arena_freed(e_record(head));
     arena_dirtied(e_pages(head));
 }
 
@@ -744,7 +744,7 @@ size_t arena_realloc_in_place(void *p, size_t size, bool resize, bool *resized, 
     if (hak_config.prewarm && stale < grown) /* as a new block's (arena_alloc) */
         os_prefault(page_address(a, end) + stale, grown - stale);
     if (done && sampled)
-        sample_arena_resized(e_record(head), size);
+        hak_profile_hooks.arena_resized(e_record(head), size);
     return (size_t)have << ARENA_PAGE_SHIFT;
 }
 

@@ -417,6 +417,10 @@ uint64_t bigcache_collect(bool unmap)
     return next_due;
 }
 
+/* The out-of-memory retry's part (purger_release_caches): every cached
+ * block goes back to the OS. */
+void bigcache_release(void) { bigcache_collect(true); }
+
 /* The blocks BigCache holds and their mappings' bytes (the statistics:
  * the rings' counts under their locks, no counter on their paths). */
 void bigcache_held(size_t *blocks, size_t *bytes)

@@ -1,7 +1,7 @@
 /* Per-thread heaps: the slow path behind the allocation fast path (refill,
  * remote-free draining, new slabs), thread exit and reuse of what exited
  * threads left, and fork. */
-#include "alloc.h"
+#include "internal.h"
 
 #include <pthread.h>
 #include <sched.h>
@@ -714,7 +714,7 @@ static bool heap_refill(heap_t *heap, unsigned c)
 static inline void heap_tick_tuner(const heap_t *heap)
 {
     if (unlikely(hak_evolving()) && !(heap->sample_left & 63))
-        learn_tick();
+        hak_profile_hooks.tuner_tick();
 }
 
 /* The cache is empty: refill it, or take the first thread's heap, or
@@ -726,9 +726,16 @@ static HAK_NOINLINE void *heap_alloc_refill(heap_t *heap, unsigned c, size_t siz
         if (!heap)
             return NULL;
         /* An exited thread's heap, taken over as that thread left it: the
-         * cache may hold blocks already, which a refill would drop. */
-        if (heap->cache[c])
-            return hak_alloc_from(heap, c, size, site);
+         * cache may hold blocks already, which a refill would drop. The
+         * thread's first block is never its sample. */
+        void *b = heap->cache[c];
+        if (b) {
+            heap->cache[c] = block_next(b);
+            block_handed_out(b);
+            if (heap->sample_left > 1)
+                heap->sample_left--;
+            return b;
+        }
     }
     if (HAK_SECURE && unlikely(heap->corrupt_link))
         hak_free_list_corrupt(heap->corrupt_link);
@@ -738,7 +745,7 @@ static HAK_NOINLINE void *heap_alloc_refill(heap_t *heap, unsigned c, size_t siz
      * a new interval, leaving this sample a weight of 0, the mark of a
      * free record (redis-benchmark: "double free" at its free, 1 run in
      * 100 or so under load). */
-    uint32_t weight = --heap->sample_left <= 0 ? sample_interval_end(heap) : 0;
+    uint32_t weight = --heap->sample_left <= 0 ? hak_profile_hooks.interval_end(heap) : 0;
     uint64_t start = weight ? hak_ticks() : 0;
     heap_enter_lists(heap);
     slab_t *cur = heap->cur[c];
@@ -753,7 +760,7 @@ static HAK_NOINLINE void *heap_alloc_refill(heap_t *heap, unsigned c, size_t siz
     heap_leave_lists(heap);
     purger_poll();
     if (unlikely(weight) && b)
-        return sample_take(heap, c, b, size, site, weight, hak_ticks() - start);
+        return hak_profile_hooks.sample(heap, c, b, size, site, weight, hak_ticks() - start);
     heap_tick_tuner(heap);
     return b;
 }
@@ -1082,7 +1089,7 @@ static heap_t *heap_pop_orphan_locked(uint64_t orphaned_before_ms)
 /* h, out of the orphans' queue or new, becomes the calling thread's. */
 static heap_t *heap_thread_take(heap_t *h)
 {
-    sample_heap_init(h);
+    hak_profile_hooks.heap_init(h);
     h->arena_lane = arena_lane_next();
     hak_tl_heap = h;
     if (atomic_load_explicit(&heap_key_ready, memory_order_acquire))
@@ -1386,4 +1393,25 @@ void heaps_process_init(void)
     if (hak_tl_heap != &hak_empty_heap)
         pthread_setspecific(heap_key, hak_tl_heap);
     pthread_atfork(heaps_fork_prepare, heaps_fork_parent, heaps_fork_child);
+}
+
+/* The heaps' part of a purge pass: the orphans first (what they give back
+ * joins the SuperSlabs' purges in the same pass), then the threads' mid
+ * caches, every one of them with force. */
+uint64_t heaps_purge(bool force)
+{
+    uint64_t orphans_due = heaps_drain_orphans();
+    return due_earlier(orphans_due, heaps_flush_mid(force));
+}
+
+/* The calling thread is inside a list update or a mid section of its
+ * heap (heap_mid_enter), where starting the purger thread, which
+ * allocates, must wait (purger_notify). Threads without a heap of their
+ * own mark the shared hak_empty_heap on their way to one, which says
+ * nothing of the caller. */
+bool heap_caller_busy(void)
+{
+    heap_t *heap = heap_get();
+    return atomic_load_explicit(&heap->in_slow, memory_order_relaxed) ||
+           (heap != &hak_empty_heap && atomic_load_explicit(&heap->mid_busy, memory_order_relaxed));
 }

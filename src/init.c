@@ -5,18 +5,55 @@
 
 #include <pthread.h>
 #include <sched.h>
+#include <stdlib.h>
 
 _Atomic int hak_init_state;
+
+#ifdef HAKMEM_OVERRIDE
+/* Linked from libhakmem.a, a program gets hakmem's malloc family with
+ * whatever part of hakmem it uses (C++ new alone, say): every path runs
+ * init.c, which names malloc, so the archive's override.o comes along and
+ * the program's blocks and its libraries' all come from one allocator. */
+__attribute__((used)) static void *(*const link_the_malloc_family)(size_t) = malloc;
+#endif
+
+/* The tiers, in the order of a purge pass: the orphaned heaps first, so
+ * that what they give back joins the SuperSlabs' purges in the same pass;
+ * the out-of-memory retry releases them the other way round, BigCache's
+ * blocks before the SuperSlab pool. */
+static const profile_hooks_t profile_hooks = {
+    .heap_init = sample_heap_init,
+    .interval_end = sample_interval_end,
+    .sample = sample_take,
+    .tuner_tick = learn_tick,
+    .large_alloc = site_record_large,
+    .large_free = site_record_free,
+    .large_resize = site_record_resize,
+    .wants_touch = site_wants_touch,
+    .touched = site_record_touched,
+    .large_call = kpi_large_call,
+    .latency = kpi_record_latency,
+    .arena_freed = sample_arena_freed,
+    .arena_resized = sample_arena_resized,
+};
+
+static const purge_client_t purge_clients[] = {
+    {heaps_purge, NULL},
+    {superslab_purge, superslab_unmap_pool},
+    {arena_purge, NULL},
+    {bigcache_collect, bigcache_release},
+};
 
 void hak_init_slow(void)
 {
     int expected = 0;
     if (atomic_compare_exchange_strong(&hak_init_state, &expected, 1)) {
+        hak_profile_hooks = profile_hooks;
         segmap_init();
         sizeclass_init();
         options_init();
         kpi_init();
-        purger_init();
+        purger_init(purge_clients, sizeof purge_clients / sizeof purge_clients[0], heap_caller_busy);
         os_membarrier_init();
         arena_init();
         atomic_store_explicit(&hak_init_state, 2, memory_order_release);

@@ -679,6 +679,8 @@ void heap_flush_class(heap_t *heap, unsigned c);
 void heaps_collect_orphans(void);
 uint64_t heaps_drain_orphans(void);
 uint64_t heaps_flush_mid(bool all);
+uint64_t heaps_purge(bool force);
+bool heap_caller_busy(void);
 void heaps_notice_orphan_frees(void);
 void heaps_fork_prepare(void);
 void heaps_fork_parent(void);
@@ -705,8 +707,21 @@ size_t superslab_class_bytes(unsigned c);
 
 /* ---- Purger thread (purger.c) ------------------------------------------ */
 
+/* A tier the purger serves, as init.c hands them to it: purge gives back
+ * what has waited a purge delay (everything with force) and says when its
+ * next purge falls due (0: nothing waits); release, where not NULL, gives
+ * back what it holds unused when a mapping fails. */
+typedef struct purge_client {
+    uint64_t (*purge)(bool force);
+    void (*release)(void);
+} purge_client_t;
+
 extern _Atomic bool hak_purger_start_wanted;
-void purger_init(void);
+/* clients: the tiers in the order of a pass; busy: whether the calling
+ * thread is inside a list update or a mid section of its heap, where
+ * starting a thread (which allocates) must wait. */
+void purger_init(const purge_client_t *clients, unsigned count, bool (*busy)(void));
+bool purger_release_caches(void);
 void purger_notify(void);
 bool purger_young_untold(size_t bytes, uint64_t now_ms);
 bool purger_young_untold_again(uint64_t now_ms);
@@ -950,6 +965,7 @@ large_hdr_t *bigcache_take(uintptr_t site, size_t size, size_t align, bool *resh
 bool bigcache_put(large_hdr_t *h);
 void bigcache_thread_exit(void); /* before the thread's heap is orphaned */
 uint64_t bigcache_collect(bool unmap);
+void bigcache_release(void);
 void bigcache_held(size_t *blocks, size_t *bytes);
 void bigcache_counts(uint64_t *hits, uint64_t *misses, uint64_t *reshaped);
 void bigcache_fork_prepare(void);
@@ -966,7 +982,6 @@ size_t hak_usable_size_checked(const void *p, const char *op);
 void *hak_realloc_impl(void *p, size_t size, uintptr_t site);
 void hak_remote_free(slab_t *s, void *p);
 void hak_free_irregular(slab_t *s, void *p, const char *op);
-bool hak_release_caches(void);
 
 /* ---- Options (options.c) ----------------------------------------------- */
 
@@ -1048,6 +1063,33 @@ enum site_rule {
     RULE_PREWARM = 2,     /* new or purged blocks are faulted in at once */
 };
 
+/* The profiler's hooks: all that the tiers (heap.c, large.c, arena.c)
+ * call of the profiler and the tuner above them (sample.c, site.c,
+ * kpi.c, learn.c), as init.c sets them before anything is allocated. The
+ * tiers never name those files: a sample, a large call and a tuner tick
+ * are rare enough for a call through a pointer. */
+typedef struct profile_hooks {
+    /* slab allocations (heap.c) */
+    void (*heap_init)(heap_t *heap);                /* sample_heap_init */
+    uint32_t (*interval_end)(heap_t *heap);         /* sample_interval_end */
+    void *(*sample)(heap_t *heap, unsigned c, void *b, size_t size, uintptr_t site, uint32_t weight,
+                    uint64_t ticks);                /* sample_take */
+    void (*tuner_tick)(void);                       /* learn_tick */
+    /* large blocks (large.c): every call is recorded, one in KPI_LARGE_TIMING timed */
+    unsigned (*large_alloc)(uintptr_t site, size_t size, bool bigcache_hit, uint32_t *rules);
+    void (*large_free)(unsigned index, size_t size, uint32_t weight, uint64_t born);
+    void (*large_resize)(unsigned index, size_t old_size, size_t new_size, uint32_t weight);
+    bool (*wants_touch)(unsigned index);
+    void (*touched)(unsigned index, size_t resident, size_t size);
+    bool (*large_call)(void);                       /* kpi_large_call */
+    void (*latency)(uint64_t ticks, uint64_t weight);
+    /* samples served by the page arenas (arena.c) */
+    void (*arena_freed)(uint32_t record);
+    void (*arena_resized)(uint32_t record, size_t size);
+} profile_hooks_t;
+
+extern profile_hooks_t hak_profile_hooks;
+
 /* sample.c: the sampled allocation path, the sample arena and the records
  * of samples in the page arenas. */
 void sample_heap_init(heap_t *heap);
@@ -1120,7 +1162,12 @@ void learn_pin_threshold(size_t threshold);
 /* A public struct (hakmem.h) of full_size bytes into a caller's copy of
  * size bytes: the fields both know, and zeros for those only the caller
  * has. The structs only grow at their end (stats.c). */
-void hak_copy_sized(void *out, size_t size, const void *full, size_t full_size);
+static inline void hak_copy_sized(void *out, size_t size, const void *full, size_t full_size)
+{
+    size_t known = size < full_size ? size : full_size;
+    __builtin_memcpy(out, full, known);
+    __builtin_memset((char *)out + known, 0, size - known);
+}
 void report_xml(FILE *out); /* malloc_info's document (report.c) */
 
 /* ---- Process init (init.c) --------------------------------------------- */
@@ -1151,6 +1198,11 @@ void os_advise_huge(void *p, size_t size);
 void os_advise_small_pages(void *p, size_t size);
 bool os_protect(void *p, size_t size, bool accessible);
 bool os_thread_filtered(void);
+int os_thread_id(void);
+bool os_thread_alive(int tid);
+int os_unshare(int flags);
+int os_setns(int fd, int nstype);
+bool os_map_fixed(void *p, size_t size, bool writable);
 void os_membarrier_init(void);
 bool os_membarrier(void);
 uint64_t os_random(void);

@@ -68,13 +68,13 @@ static void *large_born(large_hdr_t *h, size_t size, uintptr_t site, char *unbac
     h->fresh = unbacked == h->user;
     h->site_rules = 0;
     if (hak_config.profile)
-        h->site_index = site_record_large(site, size, cache_hit, &h->site_rules);
+        h->site_index = hak_profile_hooks.large_alloc(site, size, cache_hit, &h->site_rules);
     if (unbacked)
         large_back(h, unbacked);
     h->born = start ? hak_ticks() : 0;
     if (start) {
-        kpi_record_latency(h->born - start, KPI_LARGE_TIMING);
-        learn_tick();
+        hak_profile_hooks.latency(h->born - start, KPI_LARGE_TIMING);
+        hak_profile_hooks.tuner_tick();
     }
     return h->user;
 }
@@ -83,7 +83,7 @@ static void *large_born(large_hdr_t *h, size_t size, uintptr_t site, char *unbac
  * its latency and its block's lifetime, else 0. */
 static uint64_t large_call_start(void)
 {
-    if (!hak_config.profile || !kpi_large_call())
+    if (!hak_config.profile || !hak_profile_hooks.large_call())
         return 0;
     return hak_ticks();
 }
@@ -225,7 +225,7 @@ static void *large_map(size_t size, size_t align, uintptr_t site, uint64_t start
     size_t map_size = page + page_round(colour + (size ? size : 1)) + guard_size();
     char *base = NULL;
     for (int attempt = 0; !base && attempt < 2; attempt++) {
-        if (attempt && !hak_release_caches())
+        if (attempt && !purger_release_caches())
             break;
         base = os_map_aligned_at(map_size, chunk_align, page);
     }
@@ -294,12 +294,12 @@ static void large_died(large_hdr_t *h)
 {
     if (!hak_config.profile)
         return;
-    site_record_free(h->site_index, h->size, 1, h->born);
+    hak_profile_hooks.large_free(h->site_index, h->size, 1, h->born);
     /* Huge pages are resident whole: they tell nothing of the touches. */
-    if (h->fresh && !h->huge && h->size && site_wants_touch(h->site_index)) {
+    if (h->fresh && !h->huge && h->size && hak_profile_hooks.wants_touch(h->site_index)) {
         char *first_page = h->map_base + os_page_size();
         size_t span = (size_t)(h->user + h->size - first_page);
-        site_record_touched(h->site_index, os_resident_bytes(first_page, span), span);
+        hak_profile_hooks.touched(h->site_index, os_resident_bytes(first_page, span), span);
     }
 }
 
@@ -330,7 +330,7 @@ size_t large_usable_size(const void *p, const char *op)
 static void large_resized(large_hdr_t *h, size_t size)
 {
     if (hak_config.profile)
-        site_record_resize(h->site_index, h->size, size, 1);
+        hak_profile_hooks.large_resize(h->site_index, h->size, size, 1);
     h->size = size;
 }
 

@@ -12,24 +12,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-_Alignas(HAK_CONFIG_ALIGN) hak_config_t hak_config = {
-    .on_error = ON_ERROR_ABORT,
-    .superslab_reserve = 1,
-    .large_threshold = (size_t)1 << 20,
-    .purge_delay_ms = 100,
-    .purge_thread = true,
-    .purge_advice = PURGE_DONTNEED,
-    .hugepages = HUGEPAGES_PREWARMED,
-    .bigcache_sites = 64,
-    .bigcache_slots = 4,
-    .bigcache_max_block = (size_t)64 << 20,
-    .arena_trim = (size_t)32 << 20,
-    .profile = true,
-    .profile_sample = 4096,
-    .mode = MODE_BASELINE,
-    .tune_window_ms = 1000,
-    .tune_cooldown_s = 180,
-};
 
 enum option_type { OPT_BOOL, OPT_INT, OPT_SIZE, OPT_CHOICE };
 

@@ -176,8 +176,9 @@ bool os_unmap(void *p, size_t size)
         return true;
     }
     os_purge(p, size);
+    static const char refused[] = "hakmem: munmap refused (the limit of mappings, vm.max_map_count?): purged instead\n";
     if (hak_config.verbose)
-        hak_warn("munmap refused (the limit of mappings, vm.max_map_count?)", "purged instead");
+        os_write_stderr(refused, sizeof refused - 1);
     return false;
 }
 
@@ -245,6 +246,19 @@ void os_advise_small_pages(void *p, size_t size)
 
 /* Whether the kernel changed the protection: it refuses (ENOMEM) where
  * that splits a mapping of a process at its limit of mappings. */
+/* Fresh zero pages at p (p and size page aligned), in place of what was
+ * there: writable, or read-only and charged to no commit limit until made
+ * writable. Not counted in hak_mapped_bytes: segmap.c's own table. */
+bool os_map_fixed(void *p, size_t size, bool writable)
+{
+    int saved = errno;
+    int prot = writable ? PROT_READ | PROT_WRITE : PROT_READ;
+    int flags = MAP_FIXED | MAP_PRIVATE | MAP_ANONYMOUS | (writable ? 0 : MAP_NORESERVE);
+    bool done = mmap(p, size, prot, flags, -1, 0) == p;
+    errno = saved;
+    return done;
+}
+
 bool os_protect(void *p, size_t size, bool accessible)
 {
     int saved = errno;
@@ -356,6 +370,24 @@ bool os_thread_filtered(void)
     thread_filtered = !mode || *mode != '0';
     return thread_filtered;
 }
+
+/* The kernel's id of the calling thread, and whether a thread of this
+ * process with that id is still counted by the kernel (a dying thread
+ * stays in the thread group a moment after its last instruction). */
+int os_thread_id(void) { return (int)syscall(SYS_gettid); }
+
+bool os_thread_alive(int tid)
+{
+    int saved = errno;
+    bool alive = syscall(SYS_tgkill, getpid(), tid, 0) == 0;
+    errno = saved;
+    return alive;
+}
+
+/* unshare and setns themselves: hakmem's exported wrappers (purger.c)
+ * stop the purger thread first. */
+int os_unshare(int flags) { return (int)syscall(SYS_unshare, flags); }
+int os_setns(int fd, int nstype) { return (int)syscall(SYS_setns, fd, nstype); }
 
 /* The claims of a heap's caches (BigCache's front, the mid classes' frees)
  * put the whole barrier on the claimer's side: membarrier runs a full

@@ -16,7 +16,11 @@
  * purge falls due and exits once nothing waits (a notify starts it
  * again), and hakmem's unshare, setns and clone stop it, and wait until
  * the kernel has let it go, before they call the kernel. It never
- * allocates and blocks every signal. */
+ * allocates and blocks every signal.
+ *
+ * The purger sits below the tiers: they tell it when pages wait
+ * (purger_notify), and it calls them back only through the purge clients
+ * that init.c hands it (purger_init), never by name. */
 #define _GNU_SOURCE
 #include "internal.h"
 
@@ -25,9 +29,7 @@
 #include <sched.h>
 #include <signal.h>
 #include <stdarg.h>
-#include <sys/syscall.h>
 #include <time.h>
-#include <unistd.h>
 
 static pthread_mutex_t purger_lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t purger_wake = PTHREAD_COND_INITIALIZER; /* a stop asked */
@@ -43,15 +45,31 @@ static HAK_TLS bool collecting;       /* this thread runs a purge pass or a coll
 static uint64_t started_ms;           /* when hakmem started in this program */
 static _Atomic bool untold;           /* a young program's frees started no thread */
 _Atomic bool hak_purger_start_wanted; /* deferred until the heap's lists are consistent */
+static const purge_client_t *clients; /* the tiers, in the order of a pass */
+static unsigned client_count;
+static bool (*caller_busy)(void);     /* the caller's heap is inside a list update or a mid section */
 
-/* One pass over orphaned heaps, threads' mid caches, SuperSlabs, page
- * arenas and BigCache: when the next purge falls due, or 0 if nothing waits. The
- * orphans first: what they give back joins the SuperSlabs' purges. */
+/* One pass over the clients, in their order: when the next purge falls
+ * due, or 0 if nothing waits. */
 static uint64_t purge_pass(void)
 {
-    uint64_t heaps_due = due_earlier(heaps_drain_orphans(), heaps_flush_mid(false));
-    uint64_t pages_due = due_earlier(superslab_purge(false), arena_purge(false));
-    return due_earlier(heaps_due, due_earlier(pages_due, bigcache_collect(false)));
+    uint64_t due = 0;
+    for (unsigned i = 0; i < client_count; i++)
+        due = due_earlier(due, clients[i].purge(false));
+    return due;
+}
+
+/* The out-of-memory retry: a mapping failed, so every client gives back
+ * what it holds that no one uses, last registered first (BigCache's
+ * blocks before the SuperSlab pool). True if that unmapped anything: the
+ * caller maps again. */
+bool purger_release_caches(void)
+{
+    size_t before = atomic_load_explicit(&hak_mapped_bytes, memory_order_relaxed);
+    for (unsigned i = client_count; i-- > 0;)
+        if (clients[i].release)
+            clients[i].release();
+    return atomic_load_explicit(&hak_mapped_bytes, memory_order_relaxed) < before;
 }
 
 /* Sleep ms, unless a stop is asked. Called and returns with purger_lock
@@ -111,18 +129,10 @@ static void *purger_main(void *arg)
         }
     }
     /* Nothing waits, or a stop: gone until the next notify. */
-    purger_last_tid = (pid_t)syscall(SYS_gettid);
+    purger_last_tid = os_thread_id();
     purger_gone_now();
     pthread_mutex_unlock(&purger_lock);
     return NULL;
-}
-
-/* The calling thread, whose heap is heap, is inside a mid section
- * (heap_mid_enter). Threads without a heap of their own mark the shared
- * hak_empty_heap on their way to one, which says nothing of the caller. */
-static bool heap_in_mid_section(heap_t *heap)
-{
-    return heap != &hak_empty_heap && atomic_load_explicit(&heap->mid_busy, memory_order_relaxed);
 }
 
 /* Start the thread with every signal blocked: signals go to the program's
@@ -133,7 +143,7 @@ static bool heap_in_mid_section(heap_t *heap)
  * servers set) has done nothing wrong, and its stderr is its own. */
 static void purger_start(void)
 {
-    hak_assert(!heap_in_mid_section(heap_get()));
+    hak_assert(!caller_busy());
     bool filtered = os_thread_filtered();
     int rc = EAGAIN;
     if (!filtered) {
@@ -199,9 +209,7 @@ void purger_notify(void)
     if (atomic_load_explicit(&purger_pending, memory_order_relaxed) &&
         atomic_load_explicit(&purger_running, memory_order_relaxed))
         return;
-    heap_t *heap = heap_get();
-    bool may_start =
-        !purger_self && !atomic_load_explicit(&heap->in_slow, memory_order_relaxed) && !heap_in_mid_section(heap);
+    bool may_start = !purger_self && !caller_busy();
     pthread_mutex_lock(&purger_lock);
     atomic_store_explicit(&purger_pending, true, memory_order_relaxed);
     bool start = !atomic_load_explicit(&purger_running, memory_order_relaxed);
@@ -283,7 +291,13 @@ void purger_notify_freed(size_t bytes)
 
 void purger_notify_cached(void) { purger_notify_freed(0); }
 
-void purger_init(void) { started_ms = os_now_ms(); }
+void purger_init(const purge_client_t *purge_clients, unsigned count, bool (*busy)(void))
+{
+    clients = purge_clients;
+    client_count = count;
+    caller_busy = busy;
+    started_ms = os_now_ms();
+}
 
 /* An allocation on a slow path (a refill, a new large mapping): without the
  * thread, the purges that fell due run here, so that a program that
@@ -345,7 +359,7 @@ static void purger_retire(void)
     pthread_mutex_unlock(&purger_lock);
     if (waiting)
         atomic_store(&hak_purger_start_wanted, true);
-    for (int i = 0; i < 100000 && syscall(SYS_tgkill, getpid(), tid, 0) == 0; i++)
+    for (int i = 0; i < 100000 && os_thread_alive(tid); i++)
         sched_yield();
     pthread_setcancelstate(cancel_state, NULL);
 }
@@ -358,13 +372,13 @@ extern int __clone(int (*fn)(void *), void *stack, int flags, void *arg, ...);
 HAK_EXPORT int unshare(int flags)
 {
     purger_retire();
-    return (int)syscall(SYS_unshare, flags);
+    return os_unshare(flags);
 }
 
 HAK_EXPORT int setns(int fd, int nstype)
 {
     purger_retire();
-    return (int)syscall(SYS_setns, fd, nstype);
+    return os_setns(fd, nstype);
 }
 
 /* A clone without CLONE_VM gives the child a copy of memory in which a

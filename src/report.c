@@ -4,7 +4,7 @@
  * or as one JSON object (hak_stats_print_json, HAKMEM_STATS=json); and
  * the memory alone as glibc's malloc_info document. */
 #define _GNU_SOURCE
-#include "internal.h"
+#include "alloc.h"
 #include "hakmem.h"
 
 #include <dlfcn.h>
@@ -46,7 +46,7 @@ static bool report_gather(report_t *r)
     hak_stats_get(&r->stats);
     hak_get_kpi(&r->kpi);
     learn_snapshot(&r->tuner);
-    r->sites = malloc(2 * MAX_SITES * sizeof(hak_site_t));
+    r->sites = hak_alloc(2 * MAX_SITES * sizeof(hak_site_t), 0); /* site 0: not tracked */
     if (!r->sites)
         return false;
     r->by_count = r->sites + MAX_SITES;
@@ -208,7 +208,7 @@ HAK_EXPORT void hak_stats_print(FILE *out)
     if (sites)
         print_sites(out, &r);
     print_counters(out);
-    free(r.sites);
+    hak_free_checked(r.sites, "free");
 }
 
 /* ---- JSON ------------------------------------------------------------------ */
@@ -279,7 +279,7 @@ HAK_EXPORT void hak_stats_print_json(FILE *out)
         json_site(out, &r.sites[i]);
     }
     fprintf(out, "]}\n");
-    free(r.sites);
+    hak_free_checked(r.sites, "free");
 }
 
 /* malloc_info's document: glibc's root and the elements glibc has, with

@@ -17,7 +17,6 @@
 #include "internal.h"
 
 #include <pthread.h>
-#include <sys/mman.h>
 
 #define GRANULE ((size_t)64 << 10) /* a multiple of every page size Linux uses */
 #define GRANULES (SEGMAP_ENTRIES / GRANULE)
@@ -36,12 +35,9 @@ _Static_assert(GRANULES % 64 == 0, "the bitmap has whole words");
  * by mapping it writable again. */
 void segmap_init(void)
 {
-    void *p = mmap(hak_segmap, sizeof hak_segmap, PROT_READ, MAP_FIXED | MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
-                   -1, 0);
-    read_only = p == (void *)hak_segmap;
-    if (!read_only && mprotect(hak_segmap, sizeof hak_segmap, PROT_READ | PROT_WRITE) != 0 &&
-        mmap(hak_segmap, sizeof hak_segmap, PROT_READ | PROT_WRITE, MAP_FIXED | MAP_PRIVATE | MAP_ANONYMOUS, -1,
-             0) != (void *)hak_segmap)
+    read_only = os_map_fixed(hak_segmap, sizeof hak_segmap, false);
+    if (!read_only && !os_protect(hak_segmap, sizeof hak_segmap, true) &&
+        !os_map_fixed(hak_segmap, sizeof hak_segmap, true))
         hak_fatal("lost its segment map");
 }
 
@@ -61,8 +57,8 @@ static void make_writable(size_t first, size_t count)
             continue;
         pthread_mutex_lock(&writable_lock);
         if (!(atomic_load_explicit(&writable[g / 64], memory_order_relaxed) & bit)) {
-            if (mprotect(&hak_segmap[g * GRANULE], GRANULE, PROT_READ | PROT_WRITE) != 0) {
-                if (mprotect(hak_segmap, sizeof hak_segmap, PROT_READ | PROT_WRITE) != 0)
+            if (!os_protect(&hak_segmap[g * GRANULE], GRANULE, true)) {
+                if (!os_protect(hak_segmap, sizeof hak_segmap, true))
                     hak_fatal("cannot make its segment map writable");
                 for (size_t w = 0; w < GRANULES / 64; w++)
                     atomic_store_explicit(&writable[w], ~(uint64_t)0, memory_order_release);

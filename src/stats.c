@@ -5,13 +5,6 @@
 #include <stddef.h>
 #include <string.h>
 
-void hak_copy_sized(void *out, size_t size, const void *full, size_t full_size)
-{
-    size_t known = size < full_size ? size : full_size;
-    memcpy(out, full, known);
-    memset((char *)out + known, 0, size - known);
-}
-
 static void stats_fill(hak_stats_t *out)
 {
     hak_ensure_init();

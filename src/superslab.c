@@ -192,7 +192,7 @@ static superslab_t *superslab_take(heap_t *heap)
 {
     superslab_t *ss = NULL;
     for (int attempt = 0; !ss && attempt < 2; attempt++) {
-        if (attempt && !hak_release_caches())
+        if (attempt && !purger_release_caches())
             break;
         pthread_mutex_lock(&ss_lock);
         ss = ss_pool;
