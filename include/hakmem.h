@@ -53,10 +53,14 @@ int hak_tiny_size_class(size_t size);
  * slab, so that slabs left empty are seen and their pages go back to the
  * pool for any class (and to the OS after HAKMEM_PURGE_DELAY_MS). Returns
  * 0, or -1 with errno EINVAL when class_index is out of range. */
-int hak_tiny_magazine_flush(int class_index);
+int hak_thread_cache_flush(int class_index);
 
 /* The same for every size class the calling thread caches, tiny and mid. */
-void hak_tiny_magazine_flush_all(void);
+void hak_thread_cache_flush_all(void);
+
+/* The names of hakmem 0.1.0, kept for a release: hakmem has no magazines. */
+__attribute__((deprecated("use hak_thread_cache_flush"))) int hak_tiny_magazine_flush(int class_index);
+__attribute__((deprecated("use hak_thread_cache_flush_all"))) void hak_tiny_magazine_flush_all(void);
 
 /* Bytes in blocks of a tiny class that are not back on their slab's free
  * list (handed out, in a thread's cache, or freed by another thread and not

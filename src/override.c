@@ -272,7 +272,7 @@ HAK_EXPORT int hak_tiny_class_count(void) { return TINY_CLASSES; }
 
 HAK_EXPORT int hak_tiny_size_class(size_t size) { return size <= TINY_MAX ? (int)class_of(size) : -1; }
 
-HAK_EXPORT int hak_tiny_magazine_flush(int class_index)
+HAK_EXPORT int hak_thread_cache_flush(int class_index)
 {
     if (class_index < 0 || class_index >= TINY_CLASSES) {
         errno = EINVAL;
@@ -282,7 +282,11 @@ HAK_EXPORT int hak_tiny_magazine_flush(int class_index)
     return 0;
 }
 
-HAK_EXPORT void hak_tiny_magazine_flush_all(void) { heap_collect(heap_get(), true); }
+HAK_EXPORT void hak_thread_cache_flush_all(void) { heap_collect(heap_get(), true); }
+
+/* The deprecated names (hakmem.h). */
+HAK_EXPORT int hak_tiny_magazine_flush(int class_index) { return hak_thread_cache_flush(class_index); }
+HAK_EXPORT void hak_tiny_magazine_flush_all(void) { hak_thread_cache_flush_all(); }
 
 HAK_EXPORT size_t hak_tiny_class_bytes(int class_index)
 {
