@@ -1181,8 +1181,28 @@ static inline void hak_ensure_init(void)
         hak_init_slow();
 }
 
-/* ---- OS layer (os.c): the only file that talks to the kernel ----------- */
+/* ---- OS layer (os.c): the contract with the kernel ----------------------- */
 
+/* Every system call of the library goes through these, but for the
+ * report's descriptor (report.c) and libc's locks and clocks. Each call:
+ * - is no cancellation point (a pending pthread_cancel never stops a
+ *   thread inside hakmem) and leaves errno as it found it, but for
+ *   os_unshare and os_setns, the program's own calls, which set it as
+ *   the kernel says;
+ * - never allocates, so it may run inside malloc, before init and in a
+ *   fork child;
+ * - reports failure by its result, never by ending the program: the
+ *   caller decides (an allocation returns NULL with ENOMEM).
+ * Sizes and addresses are multiples of the page size unless said.
+ * hak_mapped_bytes counts what os_map* mapped and os_unmap gave back. */
+
+/* Mappings: NULL with errno ENOMEM when the kernel refuses (the one
+ * change to errno: the allocation entry points pass it on). os_map_aligned* return an
+ * address aligned to align (a power of two, at least a page), offset
+ * bytes before an aligned one for _at; os_remap_aligned moves or grows
+ * a mapping (mremap), its contents kept. os_reserve_aligned takes
+ * address space only (no access, no commit charge); os_commit makes a
+ * part of it usable, os_release gives it back. */
 void *os_map(size_t size);
 void *os_reserve_aligned(size_t size, size_t align);
 bool os_commit(void *p, size_t size);
@@ -1190,7 +1210,12 @@ void os_release(void *p, size_t size, size_t committed);
 void *os_map_aligned(size_t size, size_t align);
 void *os_map_aligned_at(size_t size, size_t align, size_t offset);
 void *os_remap_aligned(void *p, size_t old_size, size_t new_size, size_t align, size_t offset);
+/* False when the kernel refused (vm.max_map_count): the range is then
+ * purged instead, still mapped and counted. */
 bool os_unmap(void *p, size_t size);
+/* The pages' memory goes back; the range stays mapped and reads as zeros
+ * (MADV_DONTNEED) or as zeros or its old contents (HAKMEM_PURGE_ADVICE=
+ * free: os_purged_pages_read_zero says which). Locked pages too. */
 void os_purge(void *p, size_t size);
 bool os_purged_pages_read_zero(void);
 void os_prefault(void *p, size_t size);

@@ -1,5 +1,5 @@
-/* The page arenas (blocks above 16 KiB up to the large threshold, issue
- * 5): blocks are runs of pages that the stats count, a freed block merges
+/* The page arenas (blocks above 16 KiB up to the large threshold):
+ * blocks are runs of pages that the stats count, a freed block merges
  * with its free neighbours and the merged run serves the next fitting
  * request at the same address (the best fit, however far its length from
  * the request's), the top of an arena is trimmed at once,
