@@ -9,12 +9,17 @@ point up are listed in UPWARD with the reason, and any other fails. The
 cycles left among the files are printed, and must be those named in
 CYCLES (docs/architecture.md explains each).
 
-    scripts/layers.py OBJDIR            check (the ctest `layers`)
+The headers of src/ have layers too (HEADERS): a header or a .c file
+includes only headers of its own layer or below, but for the includes
+named in INCLUDE_UP.
+
+    scripts/layers.py OBJDIR [SRCDIR]   check (the ctest `layers`)
     scripts/layers.py OBJDIR --graph    print each file's links, by layer
 """
 import collections
 import glob
 import os
+import re
 import subprocess
 import sys
 
@@ -26,30 +31,41 @@ LAYERS = [
     ("diagnostics", ["error"]),
     ("tables and options", ["options", "sizeclass", "segmap", "hooks"]),
     ("the purger", ["purger"]),
-    ("tiers", ["superslab", "arena", "large", "bigcache"]),
-    ("threads' heaps", ["heap"]),
+    ("tiers", ["superslab", "arena"]),
+    ("threads' heaps", ["heap", "front"]),
+    ("large blocks", ["large", "bigcache"]),
     ("profiler and tuner", ["sample", "site", "kpi", "learn"]),
     ("dispatch", ["alloc"]),
     ("introspection", ["stats", "report"]),
     ("entry points", ["init", "override", "override_cxx"]),
 ]
 
+# The headers' layers: each declares what the files of its layer offer.
+HEADERS = {
+    "base.h": 0, "config.h": 0, "os.h": 1, "error.h": 2, "layout.h": 3, "block.h": 3, "hooks.h": 3,
+    "purger.h": 4, "superslab.h": 5, "arena.h": 5, "heap.h": 6, "large.h": 7, "profile.h": 8,
+    "alloc.h": 9, "init.h": 11,
+}
+
+# Includes up the layers, by file and header, and why.
+INCLUDE_UP = {
+    ("*", "init.h"): "lazy initialisation (hak_ensure_init)",
+    ("superslab.c", "heap.h"): "a heap's SuperSlabs are binned in the heap, which owns them",
+}
+
 # Links up the layers, by file pair: the symbols allowed and why.
 UPWARD = {
     # Lazy initialisation: whichever entry point comes first (a thread's
     # first malloc reaches it through heap_thread_init) runs init.c.
     "*->init": ({"hak_init_slow", "hak_init_state"}, "lazy initialisation"),
-    # The threads' fronts to the page arenas are written in arena.c beside
-    # the arenas' page map they mark; their bins live in the heap.
-    "arena->heap": ({"hak_tl_heap", "heap_mid_cached_first"}, "the threads' arena fronts"),
-    # BigCache's per-thread front lives in the heap, and a collect claims
-    # every heap's.
-    "bigcache->heap": ({"hak_tl_heap", "hak_empty_heap", "heaps_all"}, "BigCache's per-thread front"),
 }
 
 # The strongly connected groups of files that may remain.
 CYCLES = [
-    {"arena", "bigcache", "heap", "large"},
+    # One tier in two files: large.c caches freed blocks in BigCache
+    # (bigcache_put, bigcache_take), and BigCache evicts through large.c
+    # (large_unmap).
+    {"large", "bigcache"},
 ]
 
 
@@ -119,12 +135,34 @@ def cycles(files, links):
     return out
 
 
+def include_failures(srcdir, layer):
+    """Includes of src/ that point up the layers, less INCLUDE_UP."""
+    failures = []
+    for path in sorted(glob.glob(os.path.join(srcdir, "*.[ch]"))):
+        name = os.path.basename(path)
+        own = HEADERS.get(name) if name.endswith(".h") else layer.get(name[:-2])
+        if own is None:
+            failures.append(f"{name} is in no layer: add it to scripts/layers.py")
+            continue
+        with open(path) as f:
+            for header in re.findall(r'^#include "([a-z_]+\.h)"', f.read(), re.M):
+                if header == "hakmem.h":
+                    continue
+                if header not in HEADERS:
+                    failures.append(f"{name} includes {header}, a header in no layer")
+                elif HEADERS[header] > own and (name, header) not in INCLUDE_UP and ("*", header) not in INCLUDE_UP:
+                    failures.append(f"{name} includes {header}, a layer above it")
+    return failures
+
+
 def main():
     if len(sys.argv) < 2:
         sys.exit(__doc__)
     files, links = read_objects(sys.argv[1])
     layer = layer_of()
-    failures = []
+    srcdir = sys.argv[2] if len(sys.argv) > 2 and not sys.argv[2].startswith("--") else \
+        os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src")
+    failures = include_failures(srcdir, layer)
     for f in files:
         if f not in layer:
             failures.append(f"{f}.c is in no layer: add it to LAYERS in scripts/layers.py")

@@ -2,6 +2,7 @@
  * irregular frees (remote, flagged slabs, bad pointers), aligned
  * allocation, usable size and realloc. */
 #include "alloc.h"
+#include "init.h"
 
 #include <errno.h>
 #include <stdint.h>

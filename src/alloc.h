@@ -1,9 +1,55 @@
-/* The allocation and free fast paths, inlined into the exported entry
- * points (override.c). Everything not on the common path is out of line. */
+/* Layer 8, dispatch: the allocation and free fast paths, inlined into the
+ * exported entry points (override.c, override_cxx.c), and the entry
+ * points of alloc.c behind them. Everything not on the common path is
+ * out of line. The call tree, inline functions marked *:
+ *
+ * malloc(size)                                  override.c
+ *   hak_alloc*                  size <= 1 KiB: a tiny class
+ *     hak_alloc_class* -> hak_alloc_from*       pop heap->cache[c]
+ *       cache_next*                             the next block, prefetched
+ *       sample_fast_hit                         the countdown hit 0: a sample
+ *       heap_alloc_slow                         heap.c: the cache is empty
+ *         slab_take_list / heap_alloc_refill    the current slab's list; else
+ *                                               carve, remote frees, another
+ *                                               slab, an orphan, a new slab
+ *   hak_alloc_slow_size                         alloc.c: above 1 KiB
+ *     hak_alloc_front                           up to 64 KiB: mid_front_pop*
+ *                                               (a stash or an arena bin),
+ *                                               else the slab path or
+ *                                               arena_alloc
+ *     hak_alloc_above_front                     arena_front_take* (classes
+ *                                               to 256 KiB), arena_alloc,
+ *                                               large_alloc (BigCache first)
+ *
+ * free(p)                                       override.c
+ *   hak_free_checked*           segmap_kind*: which tier, or not hakmem's
+ *     push onto the slab's list                 the owner's block, not the
+ *                                               last one in use
+ *     heap_free_last_block                      heap.c: the slab empties
+ *     hak_free_stashed* -> heap_stash_take*     a mid block to its stash
+ *     hak_free_irregular                        alloc.c: another thread's
+ *                                               block (hak_remote_free),
+ *                                               aligned blocks, bad pointers
+ *     arena_front_free                          arena.c: to the thread's front
+ *     hak_free_slow                             alloc.c: large blocks,
+ *                                               samples, foreign pointers */
 #ifndef HAKMEM_ALLOC_H
 #define HAKMEM_ALLOC_H
 
-#include "internal.h"
+#include "heap.h"
+#include "large.h"
+#include "profile.h"
+#include "purger.h"
+
+/* alloc.c: everything behind the fast paths. */
+void *hak_alloc_slow_size(size_t size, uintptr_t site);
+void *hak_calloc_slow(size_t size, uintptr_t site);
+void hak_free_slow(void *p, const char *op);
+void *hak_alloc_aligned(size_t align, size_t size, uintptr_t site);
+size_t hak_usable_size_checked(const void *p, const char *op);
+void *hak_realloc_impl(void *p, size_t size, uintptr_t site);
+void hak_remote_free(slab_t *s, void *p);
+void hak_free_irregular(slab_t *s, void *p, const char *op);
 
 /* The block after b in the cache, its line fetched for writing. The next
  * malloc of the class reads that block's link, and where the block was

@@ -28,7 +28,11 @@
  * there is no owner to hand blocks back to, so an exited thread leaves
  * nothing behind, and remote frees coalesce at once. */
 #define _GNU_SOURCE
-#include "internal.h"
+#include "arena.h"
+#include "block.h"
+#include "hooks.h"
+#include "os.h"
+#include "purger.h"
 
 #include <errno.h>
 #include <pthread.h>
@@ -36,31 +40,6 @@
 #include <string.h>
 
 /* ---- map entries ------------------------------------------------------------- */
-
-enum extent_state { EXTENT_NONE, EXTENT_USED, EXTENT_FREE, EXTENT_PURGING /* free, its pages being purged */ };
-
-/* An entry: the extent's length in pages, its state, whether it is the
- * head (the tail of a one-page extent is its head), for free extents
- * whether their pages may be resident (dirty), whether the purger saw
- * them free at its last look (seen), and in the head the bin links (page
- * indexes, 0 for none: page 0 is the header's). The head of a used extent
- * has no links: where the block is a profiling sample (sampled), its
- * upper half holds the index of the sample's record (sample.c), and where
- * it waits in a thread's front, the first link bit says so (in front). */
-#define E_PAGES_MASK ((uint64_t)0x7fff)
-#define E_STATE_SHIFT 15
-#define E_STATE_MASK ((uint64_t)3 << E_STATE_SHIFT)
-#define E_HEAD ((uint64_t)1 << 17)
-#define E_DIRTY ((uint64_t)1 << 18)
-#define E_SEEN ((uint64_t)1 << 19)
-#define E_SAMPLED ((uint64_t)1 << 20)
-/* E_IN_FRONT (internal.h), 1 << 21: a used head's, the block waits in a thread's front */
-#define E_NEXT_SHIFT 21
-#define E_PREV_SHIFT 35
-#define E_LINK_MASK ((uint64_t)0x3fff)
-#define E_RECORD_SHIFT 32
-#define E_SAMPLE_BITS (E_SAMPLED | ~(uint64_t)0 << E_RECORD_SHIFT)
-#define E_USED_HEAD (E_HEAD | ((uint64_t)EXTENT_USED << E_STATE_SHIFT))
 
 _Static_assert(ARENA_PAGES - 1 <= E_LINK_MASK && ARENA_PAGES <= E_PAGES_MASK, "page indexes fit the links");
 _Static_assert(E_IN_FRONT < (uint64_t)1 << E_RECORD_SHIFT, "a sample's record leaves the in-front bit clear");
@@ -779,9 +758,11 @@ size_t arena_realloc_in_place(void *p, size_t size, bool resize, bool *resized, 
  * lane's with force). */
 
 /* p, a block handed out and freed by a thread whose front bin `bin` is
- * full, its head entry e at page of a: true if it joined the pool. */
-static bool pool_put(arena_t *a, uint32_t page, uint64_t e, unsigned bin, void *p)
+ * full, its head entry e: true if it joined its lane's pool. */
+bool arena_pool_put(void *p, uint64_t e, unsigned bin)
 {
+    arena_t *a = arena_of(p);
+    uint32_t page = page_index(a, p);
     uint32_t room = (uint32_t)(hak_config.arena_pool >> ARENA_PAGE_SHIFT) / e_pages(e);
     if (!room)
         return false;
@@ -817,7 +798,7 @@ static HAK_NOINLINE void *pool_pop(pool_t *pool, unsigned bin)
         return NULL;
     if (HAK_SECURE) {
         uint64_t e = atomic_load_explicit(arena_head_entry(b), memory_order_relaxed);
-        if ((e & (E_HEAD | E_STATE_MASK | E_SAMPLED | E_IN_FRONT)) != (E_USED_HEAD | E_IN_FRONT) ||
+        if ((e & E_FRONT_TEST) != (E_USED_HEAD | E_IN_FRONT) ||
             e_pages(e) != hak_arena_bin_pages[bin])
             hak_free_list_corrupt(b);
     }
@@ -868,167 +849,9 @@ static uint64_t pools_flush(lane_t *l, bool all, uint64_t now, uint64_t delay)
 /* Every pool of lane gives its blocks back now (a collect). */
 void arena_pools_flush(unsigned lane) { pools_flush(&lanes[lane], true, 0, 0); }
 
-/* ---- the threads' fronts ---------------------------------------------------------- */
+/* p, inside a page arena, belongs to an arena of lane. */
+bool arena_in_lane(const void *p, unsigned lane) { return arena_of(p)->lane == &lanes[lane]; }
 
-/* Each thread's front to the page arenas: the arena blocks of up to
- * 256 KiB it freed, by page count or class (arena_class_pages), which its
- * next mallocs of that many pages take back without the lane lock and
- * while their lines are still in the cache (bench mid, blocks of 1..64
- * KiB: 31 Mops/s with every block of 16-64 KiB through the lane,
- * measured at f3e89a1). The malloc side is arena_front_take
- * (internal.h), inline in the allocation path.
- *
- * A bin keeps as many blocks as its thread's mallocs asked for: its limit
- * grows by one each time a malloc finds it empty, up to
- * ARENA_FRONT_BIN_BYTES and while the heap's limits together stay within
- * ARENA_FRONT_BYTES, so a thread that only frees (a consumer of
- * another's blocks) keeps nothing. The purger empties a front a purge
- * delay after the first free into it, with the mid caches and under the
- * same claim (heap_mid_enter), and its limits start over; a collect or the
- * thread's exit empties it at once. Blocks in a front stay handed out in
- * their arena, marked in their head entry (E_IN_FRONT): a second free of
- * one is a double free, and hak_owns denies it. A block of a page count's
- * bin carries its list's link in word ARENA_FRONT_LINK, on its second
- * line; nothing is written into a block of a class's bin. */
-
-/* Hardened: b, met on a front's list of blocks of `pages` pages with
- * `count` blocks from it on, must be such a block, and its link must
- * count one block less: a link that a write after free changed stops the
- * program before it is followed. */
-void arena_front_check(const uintptr_t *b, uint32_t pages, unsigned count)
-{
-    if (segmap_kind(b) != SEG_ARENA || front_count(b[ARENA_FRONT_LINK]) != count - 1)
-        hak_free_list_corrupt(b);
-    arena_t *a = arena_of(b);
-    uint64_t e = entry(a, page_index(a, b));
-    if ((e & (E_HEAD | E_STATE_MASK | E_SAMPLED | E_IN_FRONT)) != (E_USED_HEAD | E_IN_FRONT) || e_pages(e) != pages)
-        hak_free_list_corrupt(b);
-}
-
-/* front_overflow's block of another lane than the thread's: if it starts
- * a block handed out of a front's size whose bin's limit is not 0, to its
- * lane's pool, else to arena_free. */
-static HAK_NOINLINE void pool_overflow(void *p, const char *op)
-{
-    arena_t *a = arena_of(p);
-    uint32_t page = page_index(a, p);
-    uint64_t e = entry(a, page);
-    uint32_t pages = e_pages(e);
-    heap_t *heap = heap_get();
-    if ((e & (E_HEAD | E_STATE_MASK | E_SAMPLED | E_IN_FRONT)) == E_USED_HEAD && pages >= ARENA_FRONT_MIN_PAGES &&
-        pages <= ARENA_FRONT_MAX_PAGES && hak_arena_bin_pages[hak_arena_bin_of[pages]] == pages &&
-        heap_mid_enter(heap)) {
-        unsigned bin = hak_arena_bin_of[pages];
-        bool pooled = heap->arena_front_limit[bin] && pool_put(a, page, e, bin, p);
-        heap_mid_leave(heap);
-        if (pooled)
-            return;
-    }
-    arena_free(p, op);
-}
-
-/* p, page-aligned inside a page arena, which the calling thread's front
- * did not keep: without pools, or a block of the thread's own lane, to
- * arena_free; another lane's to pool_overflow. Out of line, so that the
- * fronts' pushes keep their registers (a choice made in arena_front_free
- * took battle json's pair 12 instructions more, in class_free three
- * pushes and pops), and with no frame of its own: the lane's test and a
- * jump. */
-static HAK_NOINLINE void front_overflow(void *p, const char *op)
-{
-    if (!hak_config.arena_pool || arena_of(p)->lane == &lanes[heap_get()->arena_lane])
-        arena_free(p, op);
-    else
-        pool_overflow(p, op);
-}
-
-/* p, a block of a class's bin (above 64 KiB) whose head entry e is at
- * page of a, joins the calling thread's front if its bin has room, or else
- * front_overflow takes it. Every arena block of these sizes has its class's
- * pages (arena_class_pages); one that has not (a map entry a stray write
- * changed) goes to arena_free, never to a bin that would hand it out for
- * a larger request. Out of line, as the take: inline, its registers gave
- * the free of every front's block a stack frame (a class_push returning
- * to it, flatter, cost 3 instructions more a pair). */
-static HAK_NOINLINE void class_free(void *p, const char *op, arena_t *a, uint32_t page, uint64_t e)
-{
-    uint32_t pages = e_pages(e);
-    if (pages <= ARENA_FRONT_MAX_PAGES && hak_arena_bin_pages[hak_arena_bin_of[pages]] == pages /* on its class */) {
-        unsigned bin = hak_arena_bin_of[pages], k = bin - ARENA_FRONT_EXACT_BINS;
-        heap_t *heap = heap_get(); /* hak_empty_heap: no limit above 0 */
-        if (heap_mid_enter(heap)) {
-            unsigned n = heap->arena_class_count[k];
-            bool kept = n < heap->arena_front_limit[bin];
-            if (kept) {
-                entry_set(a, page, e | E_IN_FRONT); /* first, as for a list: a fork may lose it, never unmark it */
-                atomic_signal_fence(memory_order_seq_cst);
-                heap->arena_class_stack[k][n] = p;
-                heap->arena_class_count[k] = (uint8_t)(n + 1);
-            }
-            heap_mid_leave(heap);
-            if (kept) {
-                heap_mid_cached(heap);
-                return;
-            }
-        }
-    }
-    front_overflow(p, op);
-}
-
-/* p, inside a page arena, goes to the calling thread's front if it starts
- * a block handed out (not in a front, not a sample) of a front's size and
- * its bin has room, or else arena_free takes it or says what is wrong
- * with it. A block's head entry changes only when the block does (handed
- * out, sampled, freed, resized, in a class's bin), so the thread freeing
- * it reads it without the lane lock. */
-void arena_front_free(void *p, const char *op)
-{
-    if ((uintptr_t)p & (ARENA_PAGE - 1)) {
-        arena_free(p, op);
-        return;
-    }
-    arena_t *a = arena_of(p);
-    uint32_t page = page_index(a, p);
-    uint64_t e = entry(a, page);
-    unsigned bin = e_pages(e) - ARENA_FRONT_MIN_PAGES; /* a bin per page count up to 64 KiB (fewer wrap around) */
-    if ((e & (E_HEAD | E_STATE_MASK | E_SAMPLED | E_IN_FRONT)) == E_USED_HEAD && bin >= ARENA_FRONT_EXACT_BINS) {
-        class_free(p, op, a, page, e);
-        return;
-    }
-    heap_t *heap = heap_get(); /* hak_empty_heap: no limit above 0 */
-    bool kept = false;
-    if ((e & (E_HEAD | E_STATE_MASK | E_SAMPLED | E_IN_FRONT)) == E_USED_HEAD && heap_mid_enter(heap)) {
-        uintptr_t *list = heap_arena_bin(heap, bin), head = *list;
-        kept = front_count(head) < heap->arena_front_limit[bin];
-        if (kept) {
-            /* The mark first (a fork before the head is stored loses the block in
-             * the child, never leaves an unmarked one in a bin). */
-            entry_set(a, page, e | E_IN_FRONT);
-            atomic_signal_fence(memory_order_seq_cst);
-            ((uintptr_t *)p)[ARENA_FRONT_LINK] = head;
-            *list = (uintptr_t)p | (front_count(head) + 1);
-        }
-        heap_mid_leave(heap);
-    }
-    if (kept)
-        heap_mid_cached(heap);
-    else
-        front_overflow(p, op);
-}
-
-/* Every block of heap's front goes back to its arena, and the limits
- * start over. By the owner, or by the purger under its claim. */
-void arena_front_flush(heap_t *heap)
-{
-    for (unsigned bin = 0; bin < ARENA_FRONT_EXACT_BINS; bin++)
-        while (*heap_arena_bin(heap, bin))
-            arena_free(arena_front_pop(heap, bin), "free");
-    for (unsigned k = 0; k < ARENA_FRONT_CLASS_BINS; k++)
-        while (heap->arena_class_count[k])
-            arena_free(arena_class_pop(heap, k), "free");
-    memset(heap->arena_front_limit, 0, sizeof heap->arena_front_limit);
-    heap->arena_front_limits_bytes = 0;
-}
 
 /* ---- giving pages back ---------------------------------------------------------- */
 

@@ -29,7 +29,9 @@
  * the claim and uses the rings. Where membarrier is refused (old kernels,
  * seccomp filters) there is no front. */
 #define _GNU_SOURCE
-#include "internal.h"
+#include "large.h"
+#include "heap.h"
+#include "purger.h"
 
 #include <pthread.h>
 #include <string.h>

@@ -4,7 +4,7 @@
  * them (options.c, which fills it from the environment at init; its
  * table names the same defaults, and the debug build checks that the two
  * agree). */
-#include "internal.h"
+#include "config.h"
 
 _Alignas(HAK_CONFIG_ALIGN) hak_config_t hak_config = {
     .on_error = ON_ERROR_ABORT,

@@ -1,7 +1,8 @@
 /* Diagnostics: one line on stderr naming hakmem, built without malloc or
  * stdio (either may be what is broken), then abort or carry on as
  * HAKMEM_ON_ERROR says. */
-#include "internal.h"
+#include "error.h"
+#include "os.h"
 
 #include <stdlib.h>
 #include <string.h>

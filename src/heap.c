@@ -1,7 +1,11 @@
 /* Per-thread heaps: the slow path behind the allocation fast path (refill,
  * remote-free draining, new slabs), thread exit and reuse of what exited
  * threads left, and fork. */
-#include "internal.h"
+#include "heap.h"
+#include "hooks.h"
+#include "init.h"
+#include "purger.h"
+#include "superslab.h"
 
 #include <pthread.h>
 #include <sched.h>
@@ -1160,12 +1164,16 @@ static bool threads_recycled(void)
  * empty SuperSlabs beyond the reserve unmapped and the dirty pages of the
  * thread's arena lane purged: threads that do not come back (a pool that
  * finished its work) leave nothing behind. */
+/* What a thread's exit hands back before its heap is orphaned, above the
+ * heaps (BigCache's front): init.c says (heaps_process_init). */
+static void (*thread_exit_first)(void);
+
 static void heap_thread_exit(void *arg)
 {
     heap_t *h = arg;
     if (h != hak_tl_heap)
         return;
-    bigcache_thread_exit();
+    thread_exit_first();
     bool recycled = threads_recycled();
     if (!recycled) {
         heap_collect(h, true);
@@ -1386,8 +1394,9 @@ void heaps_fork_child(void)
     pthread_mutex_unlock(&orphans_drain_lock);
 }
 
-void heaps_process_init(void)
+void heaps_process_init(void (*before_orphaning)(void))
 {
+    thread_exit_first = before_orphaning;
     if (pthread_key_create(&heap_key, heap_thread_exit) == 0)
         atomic_store_explicit(&heap_key_ready, true, memory_order_release);
     if (hak_tl_heap != &hak_empty_heap)
@@ -1414,4 +1423,18 @@ bool heap_caller_busy(void)
     heap_t *heap = heap_get();
     return atomic_load_explicit(&heap->in_slow, memory_order_relaxed) ||
            (heap != &hak_empty_heap && atomic_load_explicit(&heap->mid_busy, memory_order_relaxed));
+}
+
+/* Every block of heap's front goes back to its arena, and the limits
+ * start over. By the owner, or by the purger under its claim. */
+void arena_front_flush(heap_t *heap)
+{
+    for (unsigned bin = 0; bin < ARENA_FRONT_EXACT_BINS; bin++)
+        while (*heap_arena_bin(heap, bin))
+            arena_free(arena_front_pop(heap, bin), "free");
+    for (unsigned k = 0; k < ARENA_FRONT_CLASS_BINS; k++)
+        while (heap->arena_class_count[k])
+            arena_free(arena_class_pop(heap, k), "free");
+    memset(heap->arena_front_limit, 0, sizeof heap->arena_front_limit);
+    heap->arena_front_limits_bytes = 0;
 }

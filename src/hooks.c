@@ -1,5 +1,5 @@
-/* The profiler's hooks (profile_hooks_t in internal.h): the one way the
+/* The profiler's hooks (profile_hooks_t in hooks.h): the one way the
  * tiers reach the profiler and the tuner above them. Set by init.c. */
-#include "internal.h"
+#include "hooks.h"
 
 profile_hooks_t hak_profile_hooks;

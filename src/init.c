@@ -1,7 +1,9 @@
 /* Process initialisation: lazy, run by the first allocation, and
  * recursion-safe: nothing before the ready state can allocate, and what
  * runs after it (thread-exit key, fork handlers) may call malloc freely. */
-#include "internal.h"
+#include "alloc.h"
+#include "init.h"
+#include "superslab.h"
 
 #include <pthread.h>
 #include <sched.h>
@@ -61,7 +63,7 @@ void hak_init_slow(void)
          * after heaps_lock, the order of the purger's flush of the fronts
          * (heaps_flush_mid, then arena_free). */
         pthread_atfork(arena_fork_prepare, arena_fork_parent, arena_fork_child);
-        heaps_process_init();
+        heaps_process_init(bigcache_thread_exit);
         pthread_atfork(bigcache_fork_prepare, bigcache_fork_parent, bigcache_fork_child);
         pthread_atfork(NULL, NULL, purger_fork_child);
         pthread_atfork(NULL, NULL, os_membarrier_init); /* a new process registers anew */

@@ -5,7 +5,8 @@
  * KPI_LARGE_TIMING of those timed): the histogram in global atomics, the
  * totals in the calling thread's heap (heap_profile_t), summed over heaps
  * when read. */
-#include "internal.h"
+#include "profile.h"
+#include "init.h"
 #include "hakmem.h"
 
 #include <time.h>

@@ -7,7 +7,12 @@
  * chunk after it, which lets free tell an interior pointer from a foreign
  * one. */
 #define _GNU_SOURCE
-#include "internal.h"
+#include "large.h"
+#include "error.h"
+#include "os.h"
+#include "hooks.h"
+#include "init.h"
+#include "purger.h"
 
 #include <errno.h>
 #include <string.h>

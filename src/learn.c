@@ -34,7 +34,7 @@
  * third window (24 windows in 400 under an arm 50 times worse, 169 under
  * one 10% worse, in test_tuner). Every decision is logged with
  * HAKMEM_VERBOSE=1. */
-#include "internal.h"
+#include "profile.h"
 
 #include <pthread.h>
 #include <stdio.h>

@@ -5,7 +5,8 @@
  * Parsing runs once at init, reads the environment with getenv and never
  * allocates; a malformed value gets a warning and the default. */
 #define _GNU_SOURCE
-#include "internal.h"
+#include "error.h"
+#include "layout.h"
 #include "hakmem.h"
 
 #include <stdio.h>

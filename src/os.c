@@ -7,7 +7,7 @@
  * running with no thread, which unshare then waited for for ever); glibc's
  * own malloc avoids them too. So those calls go through syscall(). */
 #define _GNU_SOURCE
-#include "internal.h"
+#include "os.h"
 
 #include <errno.h>
 #include <fcntl.h>

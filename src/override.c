@@ -5,6 +5,8 @@
  * names always are. */
 #define _GNU_SOURCE
 #include "alloc.h"
+#include "init.h"
+#include "superslab.h"
 #include "hakmem.h"
 
 #include <errno.h>

@@ -22,7 +22,9 @@
  * (purger_notify), and it calls them back only through the purge clients
  * that init.c hands it (purger_init), never by name. */
 #define _GNU_SOURCE
-#include "internal.h"
+#include "purger.h"
+#include "error.h"
+#include "os.h"
 
 #include <errno.h>
 #include <pthread.h>

@@ -5,6 +5,7 @@
  * the memory alone as glibc's malloc_info document. */
 #define _GNU_SOURCE
 #include "alloc.h"
+#include "init.h"
 #include "hakmem.h"
 
 #include <dlfcn.h>

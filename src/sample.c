@@ -19,7 +19,7 @@
  *    250 without profiling, measured at 3f67a08).
  *
  * The block a slab-sized allocation took goes back to the cache. */
-#include "alloc.h"
+#include "profile.h"
 #include "hakmem.h"
 
 #include <limits.h>

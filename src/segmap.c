@@ -14,7 +14,9 @@
  * writable before its first entry is written: a granule covers 128 GiB of
  * address space, so a program writes one or a few. */
 #define _GNU_SOURCE
-#include "internal.h"
+#include "layout.h"
+#include "error.h"
+#include "os.h"
 
 #include <pthread.h>
 

@@ -9,7 +9,8 @@
  * they move at samples and large-block calls only, and the most frequent
  * ones wait in the recording thread's heap (heap_profile_t) until it
  * records another site; readers add them in. */
-#include "internal.h"
+#include "profile.h"
+#include "init.h"
 #include "hakmem.h"
 
 #define SITE_TABLE 1024 /* a power of two */

@@ -1,6 +1,6 @@
 /* Size classes: which block size serves a request, and how many 64 KiB
  * pages a slab of each class spans. */
-#include "internal.h"
+#include "layout.h"
 
 /* hak_tiny_class_of[(size + 15) / 16]: class k is 16 * (k + 1) bytes, and
  * size 0 takes the smallest. Constant so that the fast path can use it
@@ -36,7 +36,7 @@ const uint8_t hak_front_of[LARGE_THRESHOLD_MIN / FRONT_GRANULE] = {
 _Static_assert(TINY_CLASSES == 64 && MID_CLASSES == 32 && ARENA_FRONT_MIN_PAGES == 5 && ARENA_EXACT_MAX_PAGES == 16,
                "hak_front_of's values");
 
-/* The front to the arenas' bins (internal.h): a page count each up to 64
+/* The front to the arenas' bins (layout.h): a page count each up to 64
  * KiB, then classes of 2 pages to 128 KiB and of 4 to 256 KiB. */
 #define R2(x) x, x
 #define R4(x) x, x, x, x

@@ -1,5 +1,7 @@
 /* Statistics: the snapshot behind hak_stats_get (report.c prints it). */
-#include "internal.h"
+#include "alloc.h"
+#include "init.h"
+#include "superslab.h"
 #include "hakmem.h"
 
 #include <stddef.h>

@@ -9,7 +9,9 @@
  * reserve) and the registry of all of them are shared, under ss_lock. The
  * purger (purger.c) reaches every SuperSlab through the registry; a small
  * lock per SuperSlab keeps its purges apart from the owner's page changes. */
-#include "internal.h"
+#include "superslab.h"
+#include "heap.h"
+#include "purger.h"
 
 #include <errno.h>
 #include <pthread.h>

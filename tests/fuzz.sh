@@ -12,9 +12,10 @@ command -v clang >/dev/null || { echo "fuzz.sh: clang is missing (apt-get instal
 mkdir -p "$out/corpus"
 flags="-O1 -g -std=gnu11 -fsanitize=fuzzer-no-link,undefined -fno-sanitize-recover=all -I$root/include -pthread"
 objects=()
+newest_header=$(ls -t "$root"/src/*.h | head -1)
 for src in "$root"/src/*.c; do
   obj="$out/$(basename "${src%.c}").o"
-  [ "$obj" -nt "$src" ] && [ "$obj" -nt "$root/src/internal.h" ] && [ "$obj" -nt "$root/src/alloc.h" ] ||
+  [ "$obj" -nt "$src" ] && [ "$obj" -nt "$newest_header" ] ||
     clang $flags -ftls-model=initial-exec -fno-math-errno -c "$src" -o "$obj"
   objects+=("$obj")
 done

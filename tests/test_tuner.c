@@ -8,7 +8,7 @@
  * are allocated nothing is timed and no window is judged; once large
  * calls are, windows are, and no malloc sleeps to close one.
  * Usage: test_tuner rule|evolving|windows */
-#include "../src/internal.h"
+#include "../src/profile.h"
 #include "check.h"
 #include "hakmem.h"
 

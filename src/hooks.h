@@ -1,0 +1,39 @@
+/* Layer 3, the profiler's hooks (hooks.c): the one way the tiers reach
+ * the profiler and the tuner above them. */
+#ifndef HAKMEM_HOOKS_H
+#define HAKMEM_HOOKS_H
+
+#include "layout.h"
+
+/* The profiler's hooks: all that the tiers (heap.c, large.c, arena.c)
+ * call of the profiler and the tuner above them (sample.c, site.c,
+ * kpi.c, learn.c), as init.c sets them before anything is allocated. The
+ * tiers never name those files: a sample, a large call and a tuner tick
+ * are rare enough for a call through a pointer. */
+typedef struct profile_hooks {
+    /* slab allocations (heap.c) */
+    void (*heap_init)(heap_t *heap);                /* sample_heap_init */
+    uint32_t (*interval_end)(heap_t *heap);         /* sample_interval_end */
+    void *(*sample)(heap_t *heap, unsigned c, void *b, size_t size, uintptr_t site, uint32_t weight,
+                    uint64_t ticks);                /* sample_take */
+    void (*tuner_tick)(void);                       /* learn_tick */
+    /* large blocks (large.c): every call is recorded, one in KPI_LARGE_TIMING timed */
+    unsigned (*large_alloc)(uintptr_t site, size_t size, bool bigcache_hit, uint32_t *rules);
+    void (*large_free)(unsigned index, size_t size, uint32_t weight, uint64_t born);
+    void (*large_resize)(unsigned index, size_t old_size, size_t new_size, uint32_t weight);
+    bool (*wants_touch)(unsigned index);
+    void (*touched)(unsigned index, size_t resident, size_t size);
+    bool (*large_call)(void);                       /* kpi_large_call */
+    void (*latency)(uint64_t ticks, uint64_t weight);
+    /* samples served by the page arenas (arena.c) */
+    void (*arena_freed)(uint32_t record);
+    void (*arena_resized)(uint32_t record, size_t size);
+} profile_hooks_t;
+
+extern profile_hooks_t hak_profile_hooks;
+
+/* One large call in this many is timed (large_call), its latency the
+ * weight of as many (a power of two). */
+#define KPI_LARGE_TIMING 8
+
+#endif

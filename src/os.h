@@ -1,0 +1,92 @@
+/* Layer 1, the OS contract (os.c): every system call of the library, and
+ * the tick clock of sampled timings. */
+#ifndef HAKMEM_OS_H
+#define HAKMEM_OS_H
+
+#include "config.h"
+
+/* ---- Clock for sampled timings and lifetimes (kpi.c) ------------------ */
+
+/* A cheap monotonic tick: the TSC on x86-64, the virtual counter on
+ * aarch64, nanoseconds elsewhere. kpi.c converts ticks to nanoseconds. */
+static inline uint64_t hak_ticks(void)
+{
+#if defined(__x86_64__)
+    uint32_t lo, hi;
+    __asm__ volatile("rdtsc" : "=a"(lo), "=d"(hi));
+    return ((uint64_t)hi << 32) | lo;
+#elif defined(__aarch64__)
+    uint64_t v;
+    __asm__ volatile("mrs %0, cntvct_el0" : "=r"(v));
+    return v;
+#else
+    uint64_t os_now_ns(void);
+    return os_now_ns();
+#endif
+}
+/* ---- OS layer (os.c): the contract with the kernel ----------------------- */
+
+/* Every system call of the library goes through these, but for the
+ * report's descriptor (report.c) and libc's locks and clocks. Each call:
+ * - is no cancellation point (a pending pthread_cancel never stops a
+ *   thread inside hakmem) and leaves errno as it found it, but for
+ *   os_unshare and os_setns, the program's own calls, which set it as
+ *   the kernel says;
+ * - never allocates, so it may run inside malloc, before init and in a
+ *   fork child;
+ * - reports failure by its result, never by ending the program: the
+ *   caller decides (an allocation returns NULL with ENOMEM).
+ * Sizes and addresses are multiples of the page size unless said.
+ * hak_mapped_bytes counts what os_map* mapped and os_unmap gave back. */
+
+/* Mappings: NULL with errno ENOMEM when the kernel refuses (the one
+ * change to errno: the allocation entry points pass it on). os_map_aligned* return an
+ * address aligned to align (a power of two, at least a page), offset
+ * bytes before an aligned one for _at; os_remap_aligned moves or grows
+ * a mapping (mremap), its contents kept. os_reserve_aligned takes
+ * address space only (no access, no commit charge); os_commit makes a
+ * part of it usable, os_release gives it back. */
+void *os_map(size_t size);
+void *os_reserve_aligned(size_t size, size_t align);
+bool os_commit(void *p, size_t size);
+void os_release(void *p, size_t size, size_t committed);
+void *os_map_aligned(size_t size, size_t align);
+void *os_map_aligned_at(size_t size, size_t align, size_t offset);
+void *os_remap_aligned(void *p, size_t old_size, size_t new_size, size_t align, size_t offset);
+/* False when the kernel refused (vm.max_map_count): the range is then
+ * purged instead, still mapped and counted. */
+bool os_unmap(void *p, size_t size);
+/* The pages' memory goes back; the range stays mapped and reads as zeros
+ * (MADV_DONTNEED) or as zeros or its old contents (HAKMEM_PURGE_ADVICE=
+ * free: os_purged_pages_read_zero says which). Locked pages too. */
+void os_purge(void *p, size_t size);
+bool os_purged_pages_read_zero(void);
+void os_prefault(void *p, size_t size);
+void os_advise_huge(void *p, size_t size);
+void os_advise_small_pages(void *p, size_t size);
+bool os_protect(void *p, size_t size, bool accessible);
+bool os_thread_filtered(void);
+int os_thread_id(void);
+bool os_thread_alive(int tid);
+int os_unshare(int flags);
+int os_setns(int fd, int nstype);
+bool os_map_fixed(void *p, size_t size, bool writable);
+void os_membarrier_init(void);
+bool os_membarrier(void);
+uint64_t os_random(void);
+size_t os_page_size(void);
+uint64_t os_now_ms(void);
+uint64_t os_now_ns(void);
+size_t os_resident_bytes(const void *p, size_t size);
+size_t os_rss_peak_bytes(void);
+void os_write_stderr(const char *s, size_t n);
+size_t os_rss_bytes(void);
+void os_page_faults(uint64_t *minor, uint64_t *major);
+
+/* Bytes mapped by hakmem right now, and its peak (os.c). */
+extern _Atomic size_t hak_mapped_bytes;
+extern _Atomic size_t hak_mapped_peak;
+/* os.c: os_membarrier works: caches of other threads can be claimed */
+extern bool hak_claims_on;
+
+#endif
