@@ -197,6 +197,9 @@ def main():
     ap.add_argument("--variant", action="append", default=[], metavar="NAME:VAR=VALUE[,VAR=VALUE...]",
                     help="also run hakmem with these options, as hakmem-NAME (e.g. prewarm:HAKMEM_PREWARM=1, "
                          "evolving:HAKMEM_MODE=evolving, noprofile:HAKMEM_PROFILE=0); repeatable")
+    ap.add_argument("--peer", action="append", default=[], metavar="NAME=PATH",
+                    help="also run the allocator library at PATH, preloaded, as NAME (any malloc replacement, "
+                         "or another hakmem build); repeatable; HAKMEM_BENCH_PEERS adds more, space-separated")
     ap.add_argument("--out", default=os.path.join(ROOT, "results"))
     opts = ap.parse_args()
 
@@ -209,6 +212,14 @@ def main():
         hakmem = next(a for a in allocs if a["name"] == "hakmem")
         allocs.append({"name": "hakmem-" + name, "version": hakmem["version"] + " " + " ".join(
             f"{k}={v}" for k, v in env.items()), "env": dict(hakmem["env"], **env)})
+    for peer in opts.peer + os.environ.get("HAKMEM_BENCH_PEERS", "").split():
+        name, _, path = peer.partition("=")
+        if not name or not path or not os.path.exists(path):
+            sys.exit(f"run.py: --peer {peer}: expected NAME=PATH of an existing library")
+        if any(a["name"] == name for a in allocs):
+            sys.exit(f"run.py: --peer {peer}: the name {name} is taken")
+        path = os.path.abspath(path)
+        allocs.append({"name": name, "version": path, "env": {"LD_PRELOAD": path}})
     thread_counts = [int(t) for t in opts.threads.split(",")]
     chosen = [w for w in workloads(opts.full, thread_counts)
               if not opts.only or re.search(opts.only, w[0] + " " + w[1])]
