@@ -151,13 +151,11 @@ static void spin_unlock(_Atomic int *lock) { atomic_store_explicit(lock, 0, memo
 static void lane_lock(lane_t *l) { spin_lock(&l->lock); }
 static void lane_unlock(lane_t *l) { spin_unlock(&l->lock); }
 
-/* One lane per CPU the process may run on (sched_getaffinity: sysconf
- * reads /sys with opendir, which allocates, and this runs inside init). */
+/* One lane per CPU the process may run on. */
 void arena_init(void)
 {
-    cpu_set_t cpus;
-    int count = sched_getaffinity(0, sizeof cpus, &cpus) == 0 ? CPU_COUNT(&cpus) : 1;
-    lane_count = count < 1 ? 1 : count > ARENA_LANES_MAX ? ARENA_LANES_MAX : (unsigned)count;
+    unsigned count = os_cpu_count();
+    lane_count = count > ARENA_LANES_MAX ? ARENA_LANES_MAX : count;
 }
 
 unsigned arena_lane_next(void) { return atomic_fetch_add_explicit(&next_lane, 1, memory_order_relaxed) % lane_count; }

@@ -12,11 +12,13 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <linux/membarrier.h>
+#include <sched.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/random.h>
 #include <sys/auxv.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
@@ -369,6 +371,50 @@ bool os_thread_filtered(void)
         mode += strspn(mode + strlen("\nSeccomp:"), " \t") + strlen("\nSeccomp:");
     thread_filtered = !mode || *mode != '0';
     return thread_filtered;
+}
+
+/* The CPUs the process may run on, at least 1 (sched_getaffinity: sysconf
+ * reads /sys with opendir, which allocates, and this runs inside init). */
+unsigned os_cpu_count(void)
+{
+    cpu_set_t cpus;
+    int saved = errno;
+    int count = sched_getaffinity(0, sizeof cpus, &cpus) == 0 ? CPU_COUNT(&cpus) : 1;
+    errno = saved;
+    return count < 1 ? 1 : (unsigned)count;
+}
+
+/* A copy of fd with a number from min_fd up, closed on exec; -1 if none. */
+int os_dup(int fd, int min_fd)
+{
+    int saved = errno;
+    int copy = fcntl(fd, F_DUPFD_CLOEXEC, min_fd); /* a cancellation point only with F_SETLKW */
+    errno = saved;
+    return copy < 0 ? -1 : copy;
+}
+
+/* The limit of descriptors of the process (RLIMIT_NOFILE's soft one), 0
+ * if unknown. */
+long os_files_limit(void)
+{
+    struct rlimit files;
+    int saved = errno;
+    long limit = getrlimit(RLIMIT_NOFILE, &files) == 0 ? (long)files.rlim_cur : 0;
+    errno = saved;
+    return limit;
+}
+
+/* Which file fd names, comparable with os_file_id_equal; false if fd
+ * names none. */
+bool os_file_id(int fd, os_file_id_t *id)
+{
+    struct stat st;
+    int saved = errno;
+    bool named = fstat(fd, &st) == 0;
+    errno = saved;
+    if (named)
+        *id = (os_file_id_t){(uint64_t)st.st_dev, (uint64_t)st.st_ino};
+    return named;
 }
 
 /* The kernel's id of the calling thread, and whether a thread of this

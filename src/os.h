@@ -26,8 +26,9 @@ static inline uint64_t hak_ticks(void)
 }
 /* ---- OS layer (os.c): the contract with the kernel ----------------------- */
 
-/* Every system call of the library goes through these, but for the
- * report's descriptor (report.c) and libc's locks and clocks. Each call:
+/* Every system call of the library goes through these, but for libc's
+ * locks, condition waits and sched_yield, and the report's stdio at exit
+ * (report.c, on a descriptor os_dup made). Each call:
  * - is no cancellation point (a pending pthread_cancel never stops a
  *   thread inside hakmem) and leaves errno as it found it, but for
  *   os_unshare and os_setns, the program's own calls, which set it as
@@ -71,6 +72,15 @@ bool os_thread_alive(int tid);
 int os_unshare(int flags);
 int os_setns(int fd, int nstype);
 bool os_map_fixed(void *p, size_t size, bool writable);
+unsigned os_cpu_count(void);
+
+/* Descriptors, for the report's copy of stderr (report.c). */
+typedef struct os_file_id {
+    uint64_t dev, ino;
+} os_file_id_t;
+int os_dup(int fd, int min_fd);
+long os_files_limit(void);
+bool os_file_id(int fd, os_file_id_t *id);
 void os_membarrier_init(void);
 bool os_membarrier(void);
 uint64_t os_random(void);

@@ -78,14 +78,8 @@ bool purger_release_caches(void)
  * held. */
 static void wait_for(uint64_t ms)
 {
-    struct timespec at;
-    clock_gettime(CLOCK_MONOTONIC, &at);
-    at.tv_sec += (time_t)(ms / 1000);
-    at.tv_nsec += (long)(ms % 1000) * 1000000L;
-    if (at.tv_nsec >= 1000000000L) {
-        at.tv_sec++;
-        at.tv_nsec -= 1000000000L;
-    }
+    uint64_t deadline = os_now_ns() + ms * 1000000u; /* CLOCK_MONOTONIC */
+    struct timespec at = {(time_t)(deadline / 1000000000u), (long)(deadline % 1000000000u)};
     while (!purger_stop && pthread_cond_clockwait(&purger_wake, &purger_lock, CLOCK_MONOTONIC, &at) != ETIMEDOUT)
         ;
 }

@@ -9,11 +9,8 @@
 #include "hakmem.h"
 
 #include <dlfcn.h>
-#include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/resource.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #define TOP_SITES 10
@@ -316,12 +313,12 @@ void report_xml(FILE *out)
  * the file it named at init, else to stderr if that still does, else
  * nowhere, never into the program's file. */
 static int report_fd = -1;
-static struct stat report_file;
+static os_file_id_t report_file;
 
 static bool names_report_file(int fd)
 {
-    struct stat now;
-    return fstat(fd, &now) == 0 && now.st_dev == report_file.st_dev && now.st_ino == report_file.st_ino;
+    os_file_id_t now;
+    return os_file_id(fd, &now) && now.dev == report_file.dev && now.ino == report_file.ino;
 }
 
 /* The copy takes a number from 100 up, out of the way of the numbers a
@@ -331,11 +328,11 @@ void stats_init(void)
 {
     if (hak_config.stats == STATS_OFF)
         return;
-    report_fd = fcntl(STDERR_FILENO, F_DUPFD_CLOEXEC, 100);
-    struct rlimit files;
-    if (report_fd < 0 && getrlimit(RLIMIT_NOFILE, &files) == 0 && files.rlim_cur > 6 && files.rlim_cur <= 100)
-        report_fd = fcntl(STDERR_FILENO, F_DUPFD_CLOEXEC, (int)files.rlim_cur / 2);
-    if (report_fd >= 0 && fstat(report_fd, &report_file) != 0)
+    report_fd = os_dup(STDERR_FILENO, 100);
+    long files = os_files_limit();
+    if (report_fd < 0 && files > 6 && files <= 100)
+        report_fd = os_dup(STDERR_FILENO, (int)files / 2);
+    if (report_fd >= 0 && !os_file_id(report_fd, &report_file))
         report_fd = -1;
 }
 
@@ -352,7 +349,7 @@ __attribute__((destructor)) static void report_at_exit(void)
     if (report_fd < 0 || atomic_load(&hak_init_state) != 2)
         return;
     int fd = names_report_file(report_fd) ? report_fd
-           : names_report_file(STDERR_FILENO) ? fcntl(STDERR_FILENO, F_DUPFD_CLOEXEC, 0) : -1;
+           : names_report_file(STDERR_FILENO) ? os_dup(STDERR_FILENO, 0) : -1;
     FILE *out = fd >= 0 ? fdopen(fd, "w") : NULL;
     if (out) {
         if (hak_config.stats == STATS_JSON)
