@@ -95,7 +95,18 @@ HAK_EXPORT int posix_memalign(void **out, size_t align, size_t size)
 
 HAK_EXPORT void *aligned_alloc(size_t align, size_t size) { return aligned_alloc_impl(align, size, HAK_CALLER); }
 
-HAK_EXPORT void *memalign(size_t align, size_t size) { return aligned_alloc_impl(align, size, HAK_CALLER); }
+/* memalign rounds an alignment that is not a power of two up to the next
+ * one, as glibc's does (memalign(24, 100) is aligned to 32); only one
+ * above the largest power of two is refused. */
+HAK_EXPORT void *memalign(size_t align, size_t size)
+{
+    if (align > ((size_t)1 << (sizeof(size_t) * 8 - 1))) {
+        errno = EINVAL;
+        return NULL;
+    }
+    size_t rounded = align < 2 ? 1 : (size_t)1 << (sizeof(size_t) * 8 - __builtin_clzl(align - 1));
+    return hak_alloc_aligned(rounded, size, HAK_CALLER);
+}
 
 HAK_EXPORT void *valloc(size_t size) { return hak_alloc_aligned(os_page_size(), size, HAK_CALLER); }
 

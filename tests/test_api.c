@@ -213,8 +213,18 @@ static void test_alignment(void)
     CHECK(posix_memalign(&p, 4, 10) == EINVAL); /* below sizeof(void *) */
     errno = 0;
     CHECK(aligned_alloc(24, 10) == NULL && errno == EINVAL);
+    /* memalign rounds the alignment up to a power of two, as glibc does. */
+    void *m = memalign(3, 10);
+    check_aligned(m, 4, 10);
+    free(m);
+    m = memalign(24, 100);
+    check_aligned(m, 32, 100);
+    free(m);
+    m = memalign(96 << 10, 1000);
+    check_aligned(m, 128 << 10, 1000);
+    free(m);
     errno = 0;
-    CHECK(memalign(3, 10) == NULL && errno == EINVAL);
+    CHECK(memalign(((size_t)1 << 63) + 1, 10) == NULL && errno == EINVAL);
 
     size_t page = (size_t)sysconf(_SC_PAGESIZE);
     void *v = valloc(10);
