@@ -127,7 +127,10 @@ void hak_stats_print_json(FILE *out);
 
 /* Key performance indicators. Latencies come from sampled allocations
  * (one in HAKMEM_PROFILE_SAMPLE per thread, timed with the CPU's tick
- * counter, the timer's own cost included); none without profiling. */
+ * counter, the timer's own cost included), each weighted by the
+ * allocations it stands for: the percentiles and the mean are those of
+ * latency_allocations allocations, estimated from latency_samples
+ * timings. None without profiling. */
 typedef struct hak_kpi {
     uint64_t latency_samples;
     double latency_mean_ns;
@@ -138,6 +141,7 @@ typedef struct hak_kpi {
     uint64_t page_faults_major; /* hard faults */
     size_t rss_bytes;           /* resident set now */
     size_t rss_peak_bytes;      /* and at most */
+    uint64_t latency_allocations; /* the allocations the timed samples stand for */
 } hak_kpi_t;
 
 /* Fill *out; returns 0. */

@@ -21,6 +21,7 @@ enum tune_mode { MODE_BASELINE, MODE_EVOLVING };
 typedef struct hak_config {
     int on_error;             /* enum on_error */
     int stats;                /* enum stats_format */
+    char profile_file[256];   /* the report's path at exit (%p, %e expanded), "" for stderr */
     long superslab_reserve;
     long tune_window_ms;
     long tune_cooldown_s;

@@ -112,7 +112,7 @@ enum site_count {
 };
 
 /* The KPI totals (kpi.c). */
-enum kpi_total { KPI_LATENCY_SAMPLES, KPI_LATENCY_TICKS, KPI_LARGE_CALLS, KPI_TOTALS };
+enum kpi_total { KPI_LATENCY_SAMPLES, KPI_LATENCY_WEIGHT, KPI_LATENCY_TICKS, KPI_LARGE_CALLS, KPI_TOTALS };
 
 /* A heap's profiling counts, kept by its owner with ADD_UNLOCKED and
  * added to the shared ones by whoever reads them: an allocation and a

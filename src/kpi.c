@@ -15,8 +15,9 @@
 #define LATENCY_BUCKETS 256
 
 static _Atomic uint64_t latency_hist[LATENCY_BUCKETS];
-/* enum kpi_total: samples timed; the sum of ticks x weight, the estimated
- * time of all allocations; large-tier allocations (all counted, one in
+/* enum kpi_total: samples timed; the allocations they stand for (the sum
+ * of their weights); the sum of ticks x weight, the estimated time of
+ * those allocations; large-tier allocations (all counted, one in
  * KPI_LARGE_TIMING timed). These are the totals of threads without a heap,
  * the others' are in their heaps. */
 static _Atomic uint64_t heapless_totals[KPI_TOTALS];
@@ -74,6 +75,7 @@ void kpi_record_latency(uint64_t ticks, uint64_t weight)
 {
     ADD_UNLOCKED(&latency_hist[kpi_bucket_of(ticks)], weight);
     total_add(KPI_LATENCY_SAMPLES, 1);
+    total_add(KPI_LATENCY_WEIGHT, weight);
     total_add(KPI_LATENCY_TICKS, ticks * weight);
 }
 
@@ -142,9 +144,13 @@ static void kpi_fill(hak_kpi_t *out)
     out->latency_p50_ns = kpi_hist_percentile(hist, LATENCY_BUCKETS, 0.50) * ns_per_tick;
     out->latency_p95_ns = kpi_hist_percentile(hist, LATENCY_BUCKETS, 0.95) * ns_per_tick;
     out->latency_p99_ns = kpi_hist_percentile(hist, LATENCY_BUCKETS, 0.99) * ns_per_tick;
-    uint64_t ticks, allocations;
-    kpi_window_counters(&ticks, &allocations);
-    out->latency_mean_ns = out->latency_samples && allocations ? (double)ticks * ns_per_tick / (double)allocations : 0;
+    /* The mean of the same weighted samples as the percentiles: over the
+     * allocations they stand for, not over every allocation made (those
+     * since a thread's last sample have none yet). */
+    out->latency_allocations = total_of(KPI_LATENCY_WEIGHT);
+    out->latency_mean_ns = out->latency_allocations
+                               ? (double)total_of(KPI_LATENCY_TICKS) * ns_per_tick / (double)out->latency_allocations
+                               : 0;
     os_page_faults(&out->page_faults_minor, &out->page_faults_major);
     out->rss_bytes = os_rss_bytes();
     out->rss_peak_bytes = os_rss_peak_bytes();

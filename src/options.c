@@ -14,15 +14,15 @@
 #include <string.h>
 
 
-enum option_type { OPT_BOOL, OPT_INT, OPT_SIZE, OPT_CHOICE };
+enum option_type { OPT_BOOL, OPT_INT, OPT_SIZE, OPT_CHOICE, OPT_STRING };
 
 typedef struct option {
     const char *name;
     enum option_type type;
     const char *default_text;
     const char *meaning;
-    void *target;         /* bool for BOOL, int for CHOICE, long for INT, size_t for SIZE */
-    long min, max;        /* INT and SIZE bounds */
+    void *target;         /* bool for BOOL, int for CHOICE, long for INT, size_t for SIZE, char[max] for STRING */
+    long min, max;        /* INT and SIZE bounds; STRING: max, the buffer's size */
     const char *choices[4]; /* CHOICE: value i is choices[i] */
 } option_t;
 
@@ -90,6 +90,9 @@ static option_t options[] = {
     {"HAKMEM_STATS", OPT_CHOICE, "0",
      "Print the statistics report on stderr at exit: 1 as text, json as one JSON object. The report goes to a copy of stderr taken at start-up, so that a program that closes stderr still gets it, and never into a file the program opened on that descriptor.",
      &hak_config.stats, 0, 0, {"0", "1", "json", NULL}},
+    {"HAKMEM_PROFILE_FILE", OPT_STRING, "",
+     "Write the report at exit to this file instead of stderr (as text, or as JSON with HAKMEM_STATS=json), which also asks for it: %p in the path becomes the process's id and %e its program's name, so that every process of a command (children, programs it runs) writes its own; %% is a %.",
+     hak_config.profile_file, 0, sizeof hak_config.profile_file, {0}},
     {"HAKMEM_VERBOSE", OPT_BOOL, "0",
      "Log decisions (SuperSlab maps and unmaps, purges, orphaned heaps) on stderr.",
      &hak_config.verbose, 0, 1, {0}},
@@ -181,6 +184,13 @@ static void option_parse(const option_t *o, const char *value)
             }
         warn_choice(o, value);
         return;
+    case OPT_STRING:
+        if (strlen(value) >= (size_t)o->max) {
+            warn_value(o, value, "shorter than 256 characters");
+            return;
+        }
+        strcpy((char *)o->target, value);
+        return;
     case OPT_INT:
     case OPT_SIZE: {
         bool is_size = o->type == OPT_SIZE;
@@ -224,6 +234,8 @@ size_t option_size_fit(const void *target, size_t value)
  * places to write a default: nothing else compares them). */
 static bool option_default_holds(const option_t *o)
 {
+    if (o->type == OPT_STRING)
+        return strcmp((const char *)o->target, o->default_text) == 0;
     static const size_t target_sizes[] = {sizeof(bool), sizeof(long), sizeof(size_t), sizeof(int)};
     _Static_assert(OPT_BOOL == 0 && OPT_INT == 1 && OPT_SIZE == 2 && OPT_CHOICE == 3, "target_sizes' order");
     union {
@@ -288,7 +300,7 @@ static void print_size(FILE *out, long v)
 
 HAK_EXPORT void hak_options_print(FILE *out)
 {
-    static const char *const type_names[] = {"bool", "int", "size", "choice"};
+    static const char *const type_names[] = {"bool", "int", "size", "choice", "string"};
     for (size_t i = 0; i < OPTION_COUNT; i++) {
         const option_t *o = &options[i];
         fprintf(out, "%s\t%s\t%s\t%s", o->name, type_names[o->type], o->default_text, o->meaning);

@@ -393,6 +393,22 @@ int os_dup(int fd, int min_fd)
     return copy < 0 ? -1 : copy;
 }
 
+/* A file at path, created or emptied, to write the report into. Unlike
+ * every other call here it leaves errno as the kernel set it on failure:
+ * the caller says why. */
+int os_create(const char *path)
+{
+    int saved = errno;
+    int fd = (int)syscall(SYS_openat, AT_FDCWD, path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd >= 0)
+        errno = saved;
+    return fd < 0 ? -1 : fd;
+}
+
+int os_pid(void) { return (int)syscall(SYS_getpid); }
+int os_parent_pid(void) { return (int)syscall(SYS_getppid); }
+const char *os_program_name(void) { return program_invocation_short_name; }
+
 /* The limit of descriptors of the process (RLIMIT_NOFILE's soft one), 0
  * if unknown. */
 long os_files_limit(void)

@@ -32,7 +32,7 @@ static inline uint64_t hak_ticks(void)
  * - is no cancellation point (a pending pthread_cancel never stops a
  *   thread inside hakmem) and leaves errno as it found it, but for
  *   os_unshare and os_setns, the program's own calls, which set it as
- *   the kernel says;
+ *   the kernel says, and a failed os_create, whose caller says why;
  * - never allocates, so it may run inside malloc, before init and in a
  *   fork child;
  * - reports failure by its result, never by ending the program: the
@@ -73,12 +73,16 @@ int os_unshare(int flags);
 int os_setns(int fd, int nstype);
 bool os_map_fixed(void *p, size_t size, bool writable);
 unsigned os_cpu_count(void);
+int os_pid(void);
+int os_parent_pid(void);
+const char *os_program_name(void); /* the program's file name, without its directory */
 
 /* Descriptors, for the report's copy of stderr (report.c). */
 typedef struct os_file_id {
     uint64_t dev, ino;
 } os_file_id_t;
 int os_dup(int fd, int min_fd);
+int os_create(const char *path); /* a new or emptied file to write, closed on exec; -1 and errno if not */
 long os_files_limit(void);
 bool os_file_id(int fd, os_file_id_t *id);
 void os_membarrier_init(void);

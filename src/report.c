@@ -9,6 +9,7 @@
 #include "hakmem.h"
 
 #include <dlfcn.h>
+#include <errno.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -123,9 +124,10 @@ static void print_kpi(FILE *out, const hak_kpi_t *k)
     fprintf(out, "  page faults   %10llu soft, %llu hard\n", (unsigned long long)k->page_faults_minor,
             (unsigned long long)k->page_faults_major);
     if (k->latency_samples)
-        fprintf(out, "  latency       p50 %.0f ns, p95 %.0f ns, p99 %.0f ns, mean %.0f ns (%llu sampled allocations)\n",
+        fprintf(out, "  latency       p50 %.0f ns, p95 %.0f ns, p99 %.0f ns, mean %.0f ns (%llu timed samples for %llu allocations%s)\n",
                 k->latency_p50_ns, k->latency_p95_ns, k->latency_p99_ns, k->latency_mean_ns,
-                (unsigned long long)k->latency_samples);
+                (unsigned long long)k->latency_samples, (unsigned long long)k->latency_allocations,
+                k->latency_samples < 100 ? ": too few for percentiles to mean much" : "");
     else
         fprintf(out, "  latency       no samples (HAKMEM_PROFILE=0 or too few allocations)\n");
 }
@@ -198,6 +200,7 @@ HAK_EXPORT void hak_stats_print(FILE *out)
     report_t r;
     bool sites = report_gather(&r);
     fprintf(out, "hakmem %s report\n", HAKMEM_VERSION);
+    fprintf(out, "  process       pid %d, %s (parent %d)\n", os_pid(), os_program_name(), os_parent_pid());
     if (r.stats.hardened)
         fprintf(out, "  hardened      encoded free lists, guard pages, random order\n");
     print_memory(out, &r.stats);
@@ -247,22 +250,24 @@ HAK_EXPORT void hak_stats_print_json(FILE *out)
     bool sites = report_gather(&r);
     const hak_stats_t *s = &r.stats;
     const hak_kpi_t *k = &r.kpi;
-    fprintf(out, "{\"version\":\"%s\",\"hardened\":%s,\"memory\":{\"mapped_bytes\":%zu,\"mapped_peak\":%zu,\"superslabs\":%zu,"
+    fprintf(out, "{\"version\":\"%s\",\"pid\":%d,\"ppid\":%d,\"program\":", HAKMEM_VERSION, os_pid(), os_parent_pid());
+    json_string(out, os_program_name());
+    fprintf(out, ",\"hardened\":%s,\"memory\":{\"mapped_bytes\":%zu,\"mapped_peak\":%zu,\"superslabs\":%zu,"
                  "\"superslabs_empty\":%zu,\"tiny_slabs\":%zu,\"mid_slabs\":%zu,\"tiny_bytes\":%zu,\"mid_bytes\":%zu,"
                  "\"arenas\":%zu,\"arena_bytes\":%zu,\"arena_pooled_bytes\":%zu,\"arena_free_bytes\":%zu,\"arena_dirty_bytes\":%zu,"
                  "\"large_blocks\":%zu,\"large_bytes\":%zu,\"large_allocs\":%llu,\"large_huge\":%llu,\"bigcache_hits\":%llu,\"bigcache_misses\":%llu,"
                  "\"bigcache_reshaped\":%llu,\"bigcache_bytes\":%zu,\"slab_refills\":%llu,\"heaps_live\":%zu,\"heaps_orphaned\":%zu},",
-            HAKMEM_VERSION, s->hardened ? "true" : "false", s->mapped_bytes, s->mapped_peak, s->superslabs, s->superslabs_empty, s->tiny_slabs,
+            s->hardened ? "true" : "false", s->mapped_bytes, s->mapped_peak, s->superslabs, s->superslabs_empty, s->tiny_slabs,
             s->mid_slabs, s->tiny_bytes, s->mid_bytes, s->arenas, s->arena_bytes, s->arena_pooled_bytes, s->arena_free_bytes,
             s->arena_dirty_bytes, s->large_blocks, s->large_bytes, (unsigned long long)s->large_allocs, (unsigned long long)s->large_huge,
             (unsigned long long)s->bigcache_hits, (unsigned long long)s->bigcache_misses,
             (unsigned long long)s->bigcache_reshaped, s->bigcache_bytes, (unsigned long long)s->slab_refills, s->heaps_live, s->heaps_orphaned);
     fprintf(out, "\"kpi\":{\"rss_bytes\":%zu,\"rss_peak_bytes\":%zu,\"page_faults_minor\":%llu,"
                  "\"page_faults_major\":%llu,\"latency_samples\":%llu,\"latency_mean_ns\":%.1f,\"latency_p50_ns\":%.1f,"
-                 "\"latency_p95_ns\":%.1f,\"latency_p99_ns\":%.1f},",
+                 "\"latency_p95_ns\":%.1f,\"latency_p99_ns\":%.1f,\"latency_allocations\":%llu},",
             k->rss_bytes, k->rss_peak_bytes, (unsigned long long)k->page_faults_minor,
             (unsigned long long)k->page_faults_major, (unsigned long long)k->latency_samples, k->latency_mean_ns,
-            k->latency_p50_ns, k->latency_p95_ns, k->latency_p99_ns);
+            k->latency_p50_ns, k->latency_p95_ns, k->latency_p99_ns, (unsigned long long)k->latency_allocations);
     const tuner_t *t = &r.tuner;
     fprintf(out, "\"policy\":{\"mode\":\"%s\",\"large_threshold\":%zu,\"windows\":%llu,\"moves\":%llu,\"arms\":[",
             hak_evolving() ? "evolving" : "baseline", tuner_arm_threshold[t->current],
@@ -326,7 +331,7 @@ static bool names_report_file(int fd)
  * from the upper half of what the limit allows. */
 void stats_init(void)
 {
-    if (hak_config.stats == STATS_OFF)
+    if (hak_config.stats == STATS_OFF || hak_config.profile_file[0])
         return;
     report_fd = os_dup(STDERR_FILENO, 100);
     long files = os_files_limit();
@@ -340,16 +345,60 @@ void stats_init(void)
  * starts before main where one is asked for, not at the first malloc. */
 __attribute__((constructor)) static void report_asked(void)
 {
-    if (getenv("HAKMEM_STATS"))
+    if (getenv("HAKMEM_STATS") || getenv("HAKMEM_PROFILE_FILE"))
         hak_ensure_init();
+}
+
+/* HAKMEM_PROFILE_FILE with %p (the process's id), %e (its program's
+ * name) and %% expanded into path; false if it does not fit. */
+static bool report_path(char *path, size_t size)
+{
+    size_t n = 0;
+    for (const char *s = hak_config.profile_file; *s; s++) {
+        char number[24];
+        const char *piece = NULL;
+        if (s[0] == '%' && s[1] == 'p')
+            snprintf(number, sizeof number, "%d", os_pid()), piece = number, s++;
+        else if (s[0] == '%' && s[1] == 'e')
+            piece = os_program_name(), s++;
+        else if (s[0] == '%' && s[1] == '%')
+            piece = "%", s++;
+        size_t len = piece ? strlen(piece) : 1;
+        if (n + len >= size)
+            return false;
+        memcpy(path + n, piece ? piece : s, len);
+        n += len;
+    }
+    path[n] = 0;
+    return true;
+}
+
+/* The report's file: HAKMEM_PROFILE_FILE's, else the copy of stderr while
+ * it names the file it named at init, else stderr if that still does;
+ * -1 for none. */
+static int report_open(void)
+{
+    if (hak_config.profile_file[0]) {
+        char path[512];
+        if (!report_path(path, sizeof path)) {
+            hak_warn("cannot write the report: the path of HAKMEM_PROFILE_FILE is too long", hak_config.profile_file);
+            return -1;
+        }
+        int fd = os_create(path);
+        if (fd < 0)
+            hak_warn("cannot write the report to HAKMEM_PROFILE_FILE", strerror(errno));
+        return fd;
+    }
+    if (report_fd < 0)
+        return -1;
+    return names_report_file(report_fd) ? report_fd : names_report_file(STDERR_FILENO) ? os_dup(STDERR_FILENO, 0) : -1;
 }
 
 __attribute__((destructor)) static void report_at_exit(void)
 {
-    if (report_fd < 0 || atomic_load(&hak_init_state) != 2)
+    if ((hak_config.stats == STATS_OFF && !hak_config.profile_file[0]) || atomic_load(&hak_init_state) != 2)
         return;
-    int fd = names_report_file(report_fd) ? report_fd
-           : names_report_file(STDERR_FILENO) ? os_dup(STDERR_FILENO, 0) : -1;
+    int fd = report_open();
     FILE *out = fd >= 0 ? fdopen(fd, "w") : NULL;
     if (out) {
         if (hak_config.stats == STATS_JSON)

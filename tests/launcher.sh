@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The launcher: `hakmem run` preloads hakmem (the report proves it served
 # the program), keeps the program's output and exit status; `hakmem report`
-# prints the report, as text or JSON.
+# prints the report of every process of the command, labelled, as text or
+# JSON, on stderr or into a file; HAKMEM_PROFILE_FILE names a file per
+# process.
 # Usage: launcher.sh PATH_TO_HAKMEM_LAUNCHER
 set -u
 hakmem=$1
@@ -21,6 +23,25 @@ check "report prints the text report" "grep -q '^hakmem .* report' <<<\"\$report
 json=$("$hakmem" report --json -- "$py" -c 'x = [bytearray(3000000) for i in range(5)]' 2>&1 >/dev/null)
 check "report --json prints one JSON object with sites" \
   "$py -c 'import json,sys; d = json.loads(sys.argv[1]); assert d[\"sites\"] and d[\"kpi\"][\"rss_bytes\"] > 0' \"\$json\""
+dir=$(mktemp -d)
+trap 'rm -rf "$dir"' EXIT
+# Every process of the command reports, labelled, into the file -o names;
+# the program's own stderr stays out of it.
+"$hakmem" report -o "$dir/text" -- "$py" -c 'import subprocess, sys; print("noise", file=sys.stderr); subprocess.run(["/bin/true"]); x = [bytearray(3000000) for i in range(5)]' 2>"$dir/stderr"
+check "report -o: both processes listed" "grep -q '^hakmem: 2 processes reported:' '$dir/text' && grep -q '^  pid [0-9]*, python3 (parent' '$dir/text' && grep -q '^  pid [0-9]*, true (parent' '$dir/text'"
+check "report -o: each report names its process" "[ \$(grep -c '^  process       pid [0-9]*, ' '$dir/text') -eq 2 ]"
+check "report -o: the program's stderr is its own" "[ \"\$(cat '$dir/stderr')\" = noise ] && ! grep -q noise '$dir/text'"
+"$hakmem" report --json -o "$dir/json" -- "$py" -c 'import subprocess, sys; print("{noise", file=sys.stderr); subprocess.run(["/bin/true"]); x = [bytearray(3000000) for i in range(5)]' 2>/dev/null
+check "report --json -o: one valid object, the children inside it" \
+  "$py -c 'import json,sys; d = json.load(open(sys.argv[1])); assert d[\"program\"] == \"python3\" and d[\"sites\"] and [c[\"program\"] for c in d[\"children\"]] == [\"true\"] and d[\"children\"][0][\"ppid\"] == d[\"pid\"]' '$dir/json'"
+lib=$(dirname "$hakmem")/libhakmem.so
+HAKMEM_PROFILE_FILE="$dir/r.%e.%p" LD_PRELOAD="$lib" "$py" -c 'import os; print(os.getpid())' >"$dir/pid"
+check "HAKMEM_PROFILE_FILE: %e and %p name the file, the report names the process" \
+  "grep -q \"^  process       pid \$(cat '$dir/pid'), python3 \" '$dir/r.python3.'\$(cat '$dir/pid')"
+err=$(HAKMEM_PROFILE_FILE="$dir/no/such/dir/%p" LD_PRELOAD="$lib" "$py" -c 'pass' 2>&1)
+check "HAKMEM_PROFILE_FILE in a missing directory: a warning naming it" "grep -q 'hakmem: warning: cannot write the report to HAKMEM_PROFILE_FILE' <<<\"\$err\""
+"$hakmem" report -o "$dir/status" -- sh -c 'exit 5'
+check "report keeps the exit status" "[ $? -eq 5 ]"
 "$hakmem" bogus true 2>/dev/null
 check "an unknown command is refused" "[ $? -eq 2 ]"
 check "--version names the library" "\"$hakmem\" --version | grep -q 'libhakmem.so'"

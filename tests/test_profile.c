@@ -155,6 +155,18 @@ static void test_profile_on(void)
           kpi.latency_p95_ns <= kpi.latency_p99_ns);
     CHECK(kpi.rss_bytes > 0 && kpi.rss_peak_bytes >= kpi.rss_bytes);
     CHECK(kpi.page_faults_minor > 0);
+    /* The mean is that of the allocations the samples stand for, as the
+     * percentiles are: a sample of the slabs' sizes stands for at most
+     * one and a half times HAKMEM_PROFILE_SAMPLE (4096), a timed large
+     * call for KPI_LARGE_TIMING (8). */
+    hak_kpi_t full;
+    CHECK(hak_get_kpi_sized(&full, sizeof full) == 0);
+    CHECK(full.latency_allocations > full.latency_samples * 8 &&
+          full.latency_allocations <= full.latency_samples * 6144);
+    CHECK(full.latency_mean_ns > 0);
+    char *line = report_text(hak_stats_print);
+    CHECK(strstr(line, "timed samples for ") != NULL && strstr(line, "  process       pid ") != NULL);
+    free(line);
 }
 
 /* A thread keeps the counts of the site it records last in its heap:
