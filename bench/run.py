@@ -15,6 +15,7 @@ summary.md and PNG charts (results/latest points at the newest).
 import argparse
 import csv
 import datetime
+import math
 import os
 import platform
 import re
@@ -64,12 +65,13 @@ def workloads(full, thread_counts):
             w.append(("memory", f"{kind} x {n}", "memory", [kind, str(n)], ["overhead_pct", "rss_delta_mib"]))
     # mid at 400 k operations a thread measured mostly the first touch of its blocks' pages
     thread_ops = {"larson": 4_000_000, "prodcons": 1_000_000, "churn": 200_000, "batch": 2_000_000, "mid": 2_000_000,
-                  "mid4k": 2_000_000, "spread": 2_000_000, "big": 1_000_000}
+                  "mid4k": 2_000_000, "spread": 2_000_000, "big": 1_000_000, "xmalloc": 2_000_000,
+                  "rptest": 1_000_000, "mstress": 1_000_000, "large": 2_000}
     for threads in thread_counts:
         for name, ops in thread_ops.items():
             ops *= k
             w.append(("threads", f"{name} T={threads}", "threads", [name, str(threads), str(ops)],
-                      ["mops", "rss_mib"]))
+                      ["mops", "rss_mib", "rss_peak_mib"]))
     w.append(("realloc", "string-builder", "realloc", ["strings", str(2_000_000 * k)], ["mops"]))
     w.append(("realloc", "realloc cycle", "realloc", ["cycle", str(200_000 * k)], ["mops"]))
     return w
@@ -268,12 +270,13 @@ def main():
                 rows.append(("memory fit", f"{kind}: fixed bytes", a["name"], "fit_bytes", fixed))
                 rows.append(("memory fit", f"{kind}: bytes per block", a["name"], "fit_bytes", per))
 
-    # points ranking over the battle scenarios (median ns): best gets N-1
-    points = {a["name"]: 0 for a in allocs}
+    # points ranking over the battle scenarios (median ns): best gets N-1,
+    # N the allocators that ran the scenario; only those are ranked
+    points = {}
     for scenario in ["json", "mir", "vm", "mixed"]:
         ranked = sorted((v, al) for g, n, al, m, v in rows if g == "battle" and n == scenario and m == "median_ns")
         for place, (_, al) in enumerate(ranked):
-            points[al] += len(ranked) - 1 - place
+            points[al] = points.get(al, 0) + len(ranked) - 1 - place
 
     # what a page costs here weighs on every figure with faults (a Firecracker
     # guest charged 10 us a fault, bare metal well under one)
@@ -342,10 +345,12 @@ def write_outputs(opts, allocs, rows, points, page_costs):
             ratios.append(f"{h / base:.2f}" if h is not None and base else "-")
         lines.append(f"| {g} | {n} | {m} ({better} better) | " + " | ".join(cells) + " | " + " | ".join(ratios) + " |")
     lines.append("")
-    if any(points.values()):
+    if points:
         ranking = sorted(points.items(), key=lambda kv: -kv[1])
-        lines.append("Battle points (median ns per scenario; best gets N-1): " +
+        lines.append("Battle points (median ns per scenario; of N allocators that ran it, the best gets N-1): " +
                      ", ".join(f"{a} {p}" for a, p in ranking))
+        lines.append("")
+    lines += at_a_glance(names, table)
     text = "\n".join(lines)
     print(text)
     with open(os.path.join(out_dir, "summary.md"), "w") as f:
@@ -368,36 +373,97 @@ def write_outputs(opts, allocs, rows, points, page_costs):
     print(f"\nresults: {out_dir} (results.csv, summary.md, *.png)", file=sys.stderr)
 
 
+# Each workload's main figure, the one the short summary and the charts show.
+PRIMARY = ("mops", "kops", "median_ns", "rss_delta_mib", "instr_per_iter")
+
+
+def hakmem_vs_best(vals, metric):
+    """hakmem's figure over the best other allocator's, as a time: below 1
+    hakmem is better, whichever way the metric runs. None if either is
+    missing. The other hakmem columns (variants, the hardened build) are not
+    peers."""
+    h = vals.get("hakmem")
+    others = [v for a, v in vals.items() if not a.startswith("hakmem") and v is not None]
+    if h is None or not others:
+        return None
+    if LOWER_IS_BETTER.search(metric):
+        best = min(others)
+        return h / best if best else None
+    best = max(others)
+    return best / h if h else None
+
+
+def at_a_glance(names, table):
+    """The short table a user reads first: one row a workload, its main
+    figure for every allocator, the winner in bold, and hakmem against the
+    best of the others with every ratio in the same direction."""
+    keys = [k for k in table if k[2] in PRIMARY]
+    if not keys:
+        return []
+    shown = [a for a in names if any(a in table[k] for k in keys)]
+    out = ["At a glance: each workload's main figure; hakmem / best other below 1 means hakmem is better.", "",
+           "| workload | metric | " + " | ".join(shown) + " | hakmem / best other |",
+           "|" + "---|" * (3 + len(shown))]
+    ratios = []
+    for g, n, m in keys:
+        vals = table[(g, n, m)]
+        valid = {a: v for a, v in vals.items() if a in shown}
+        best = (min if LOWER_IS_BETTER.search(m) else max)(valid.values())
+        cells = ["-" if vals.get(a) is None else (f"**{fmt(vals[a])}**" if vals[a] == best and len(valid) > 1
+                                                   else fmt(vals[a])) for a in shown]
+        r = hakmem_vs_best(vals, m)
+        if r:
+            ratios.append(r)
+        out.append(f"| {g} {n} | {m} | " + " | ".join(cells) + f" | {'-' if r is None else f'{r:.2f}'} |")
+    if ratios:
+        geomean = math.exp(sum(math.log(r) for r in ratios) / len(ratios))
+        out += ["", f"hakmem / best other, geometric mean over {len(ratios)} workloads: {geomean:.2f}; "
+                    f"hakmem the best on {sum(r <= 1 for r in ratios)} of them."]
+    return out
+
+
 def charts(out_dir, names, table):
     try:
         import matplotlib
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
+        import matplotlib.ticker
     except ImportError:
         print("note: python3-matplotlib missing; no charts", file=sys.stderr)
         return
-    # Ratio to mimalloc of each allocator's primary figure per workload.
-    primary = [(g, n, m) for (g, n, m) in table
-               if m in ("mops", "median_ns", "rss_delta_mib", "instr_per_iter") and "mimalloc" in table[(g, n, m)]]
-    if primary:
-        fig, ax = plt.subplots(figsize=(max(10, len(primary) * 0.45), 6))
-        width = 0.8 / len(names)
-        for i, a in enumerate(names):
+    # Each group's main figures, one chart a group: every allocator's
+    # figure as a ratio to hakmem's, drawn so that a bar below 1 is worse
+    # than hakmem (time-like ratios for every metric).
+    groups = {}
+    for (g, n, m), vals in table.items():
+        if m in PRIMARY and "hakmem" in vals:
+            groups.setdefault(g, []).append((n, m))
+    for g, keys in groups.items():
+        shown = [a for a in names if any(a in table[(g, n, m)] for n, m in keys)]
+        fig, ax = plt.subplots(figsize=(max(8, len(keys) * 0.6 * len(shown) / 4 + 3), 5))
+        width = 0.8 / len(shown)
+        for i, a in enumerate(shown):
             ys = []
-            for key in primary:
-                v, base = table[key].get(a), table[key].get("mimalloc")
-                ys.append(v / base if v is not None and base else 0)
-            ax.bar([x + i * width for x in range(len(primary))], ys, width, label=a)
+            for n, m in keys:
+                v, h = table[(g, n, m)].get(a), table[(g, n, m)]["hakmem"]
+                ratio = (h / v if LOWER_IS_BETTER.search(m) else v / h) if v and h else 0
+                ys.append(ratio)
+            ax.bar([x + i * width for x in range(len(keys))], ys, width, label=a)
         ax.axhline(1.0, color="black", linewidth=0.8)
-        ax.set_xticks([x + 0.4 - width / 2 for x in range(len(primary))])
-        ax.set_xticklabels([f"{n} ({m})" for g, n, m in primary], rotation=75, ha="right", fontsize=7)
-        ax.set_ylabel("ratio to mimalloc (mops: higher is better; ns, MiB, instr: lower)")
-        ax.set_yscale("log")
-        ax.legend()
+        ax.set_xticks([x + 0.4 - width / 2 for x in range(len(keys))])
+        ax.set_xticklabels([n for n, m in keys], rotation=30, ha="right", fontsize=9)
+        ax.set_ylabel("against hakmem (above 1: better than hakmem)")
+        ax.set_title(f"{g}: " + ", ".join(sorted({m for n, m in keys})))
+        ax.set_yscale("log", base=2)
+        ax.yaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
+        ax.yaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+        ax.legend(fontsize=8, ncol=2)
         fig.tight_layout()
-        fig.savefig(os.path.join(out_dir, "ratios.png"), dpi=110)
+        fig.savefig(os.path.join(out_dir, f"{g.replace(' ', '_')}.png"), dpi=110)
         plt.close(fig)
     # RSS growth against the number of live blocks.
+    if "memory" not in groups:
+        return
     fig, axes = plt.subplots(1, 2, figsize=(12, 5))
     for ax, kind in zip(axes, ["16", "uniform"]):
         for a in names:

@@ -14,9 +14,24 @@
  *  mid4k:    the same with blocks of 4 KiB only (one size of buffer);
  *  spread:   the same with blocks of 16 B..64 KiB, each doubling as likely;
  *  big:      the same with blocks of 64..256 KiB (buffers of varied sizes,
- *            the size classes of the threads' fronts to the page arenas).
- * Reports M ops/s (a malloc or a free is one op) and RSS at the end.
- * Usage: threads larson|prodcons|churn|batch|mid|mid4k|spread|big THREADS OPS_PER_THREAD */
+ *            the size classes of the threads' fronts to the page arenas);
+ *  xmalloc:  T/2 threads allocate batches of 256 blocks of 48..80 B and
+ *            hand each batch whole to the other T/2, which free it (the
+ *            xmalloc test's producer/consumer: every free a remote one);
+ *  rptest:   each thread keeps 512 blocks of 16 B..16 KiB (each doubling
+ *            as likely) and replaces one at random; one block in four it
+ *            replaces goes to the next thread's inbox instead of being
+ *            freed, and each thread frees what its inbox holds every 64
+ *            steps (rpmalloc's test: random sizes, frees across threads);
+ *  mstress:  each thread keeps 256 blocks of 8 B..4 KiB (each doubling as
+ *            likely) and replaces one at random; one new block in eight
+ *            goes into a table of 4096 slots that all threads share, and
+ *            the block it displaces, another thread's, is freed there;
+ *  large:    each thread keeps 4 blocks of 5..25 MB, replaces one at
+ *            random, and writes a byte every 64 KiB of the new one.
+ * Reports M ops/s (a malloc or a free is one op), RSS at the end (from
+ * smaps_rollup) and its peak (VmHWM).
+ * Usage: threads larson|prodcons|churn|batch|mid|mid4k|spread|big|xmalloc|rptest|mstress|large THREADS OPS_PER_THREAD */
 #include "common.h"
 
 #include <pthread.h>
@@ -163,6 +178,164 @@ static void *mid(void *arg)
     return NULL;
 }
 
+/* xmalloc: batches of blocks through a bounded queue, producer to
+ * consumer. */
+enum { XBATCH = 256, XQUEUE = 64 };
+typedef struct xbatch {
+    void *blocks[XBATCH];
+} xbatch_t;
+static struct {
+    pthread_mutex_t lock;
+    pthread_cond_t changed;
+    xbatch_t *slots[XQUEUE];
+    unsigned head, count, producers_left;
+} xqueue = {.lock = PTHREAD_MUTEX_INITIALIZER, .changed = PTHREAD_COND_INITIALIZER};
+
+static void *xmalloc_producer(void *arg)
+{
+    uint64_t seed = 0x51ED2701ull * ((uintptr_t)arg + 3);
+    for (long done = 0; done < ops_per_thread; done += 2 * XBATCH) {
+        xbatch_t *batch = malloc(sizeof *batch);
+        for (int i = 0; i < XBATCH; i++) {
+            char *b = malloc(48 + rng_next(&seed) % 33);
+            b[0] = 1;
+            batch->blocks[i] = b;
+        }
+        pthread_mutex_lock(&xqueue.lock);
+        while (xqueue.count == XQUEUE)
+            pthread_cond_wait(&xqueue.changed, &xqueue.lock);
+        xqueue.slots[(xqueue.head + xqueue.count++) % XQUEUE] = batch;
+        pthread_cond_broadcast(&xqueue.changed);
+        pthread_mutex_unlock(&xqueue.lock);
+    }
+    pthread_mutex_lock(&xqueue.lock);
+    xqueue.producers_left--;
+    pthread_cond_broadcast(&xqueue.changed);
+    pthread_mutex_unlock(&xqueue.lock);
+    return NULL;
+}
+
+static void *xmalloc_consumer(void *arg)
+{
+    (void)arg;
+    for (;;) {
+        pthread_mutex_lock(&xqueue.lock);
+        while (!xqueue.count && xqueue.producers_left)
+            pthread_cond_wait(&xqueue.changed, &xqueue.lock);
+        if (!xqueue.count) {
+            pthread_mutex_unlock(&xqueue.lock);
+            return NULL;
+        }
+        xbatch_t *batch = xqueue.slots[xqueue.head];
+        xqueue.head = (xqueue.head + 1) % XQUEUE;
+        xqueue.count--;
+        pthread_cond_broadcast(&xqueue.changed);
+        pthread_mutex_unlock(&xqueue.lock);
+        for (int i = 0; i < XBATCH; i++)
+            free(batch->blocks[i]);
+        free(batch);
+    }
+}
+
+/* A size of 2^lo..2^hi bytes, each doubling as likely. */
+static inline size_t doubling_size(uint64_t r, unsigned lo, unsigned hi)
+{
+    size_t base = (size_t)1 << (lo + (r >> 16) % (hi - lo));
+    return base + ((r >> 24) & (base - 1));
+}
+
+/* rptest: each thread's inbox, a stack that other threads push onto and
+ * its owner takes whole. A block in an inbox holds the link. */
+typedef struct inbox {
+    _Atomic(void *) head;
+    char pad[56];
+} inbox_t;
+static inbox_t *inboxes;
+
+static void inbox_drain(inbox_t *box)
+{
+    for (void *b = atomic_exchange(&box->head, NULL); b;) {
+        void *next = *(void **)b;
+        free(b);
+        b = next;
+    }
+}
+
+enum { RP_LIVE = 512 };
+static void *rptest(void *arg)
+{
+    uintptr_t me = (uintptr_t)arg;
+    inbox_t *next_box = &inboxes[(me + 1) % (uintptr_t)nthreads];
+    uint64_t seed = 0xC2B2AE3D27D4EB4Full * (me + 5);
+    void *live[RP_LIVE] = {0};
+    for (long i = 0; i < ops_per_thread; i += 2) {
+        uint64_t r = rng_next(&seed);
+        void **slot = &live[r % RP_LIVE];
+        if (*slot && (r >> 40) % 4 == 0) {
+            void *head = atomic_load(&next_box->head);
+            do
+                *(void **)*slot = head;
+            while (!atomic_compare_exchange_weak(&next_box->head, &head, *slot));
+        } else {
+            free(*slot);
+        }
+        size_t size = doubling_size(r, 4, 14);
+        *slot = malloc(size);
+        memset(*slot, 1, 16);
+        if (i % 128 == 0)
+            inbox_drain(&inboxes[me]);
+    }
+    for (int i = 0; i < RP_LIVE; i++)
+        free(live[i]);
+    return NULL;
+}
+
+/* mstress: blocks shared through one table of all threads. */
+enum { MS_LIVE = 256, MS_SHARED = 4096 };
+static _Atomic(void *) shared_slots[MS_SHARED];
+
+static void *mstress(void *arg)
+{
+    uint64_t seed = 0x165667B19E3779F9ull * ((uintptr_t)arg + 11);
+    void *live[MS_LIVE] = {0};
+    for (long i = 0; i < ops_per_thread; i += 2) {
+        uint64_t r = rng_next(&seed);
+        void *b = malloc(doubling_size(r, 3, 12));
+        memset(b, 2, 8);
+        if ((r >> 44) % 8 == 0)
+            free(atomic_exchange(&shared_slots[(r >> 20) % MS_SHARED], b));
+        else {
+            void **slot = &live[r % MS_LIVE];
+            free(*slot);
+            *slot = b;
+        }
+    }
+    for (int i = 0; i < MS_LIVE; i++)
+        free(live[i]);
+    return NULL;
+}
+
+/* large: blocks of 5..25 MB. */
+enum { LARGE_LIVE = 4 };
+static void *large(void *arg)
+{
+    uint64_t seed = 0x27D4EB2F165667C5ull * ((uintptr_t)arg + 13);
+    void *live[LARGE_LIVE] = {0};
+    for (long i = 0; i < ops_per_thread; i += 2) {
+        uint64_t r = rng_next(&seed);
+        void **slot = &live[r % LARGE_LIVE];
+        free(*slot);
+        size_t size = 5000000 + (r >> 20) % 20000001;
+        char *b = malloc(size);
+        for (size_t at = 0; at < size; at += 65536)
+            b[at] = 1;
+        *slot = b;
+    }
+    for (int i = 0; i < LARGE_LIVE; i++)
+        free(live[i]);
+    return NULL;
+}
+
 static long run_each(void *(*worker)(void *))
 {
     pthread_t t[64];
@@ -213,6 +386,32 @@ static long run(const char *workload)
             pthread_join(t[i], NULL);
         return ops_per_thread * pairs;
     }
+    if (!strcmp(workload, "xmalloc")) {
+        int producers = nthreads > 1 ? nthreads / 2 : 1, consumers = nthreads > 1 ? nthreads - producers : 1;
+        xqueue.producers_left = (unsigned)producers;
+        for (int i = 0; i < producers; i++)
+            pthread_create(&t[i], NULL, xmalloc_producer, (void *)(uintptr_t)i);
+        for (int i = 0; i < consumers; i++)
+            pthread_create(&t[producers + i], NULL, xmalloc_consumer, NULL);
+        for (int i = 0; i < producers + consumers; i++)
+            pthread_join(t[i], NULL);
+        return (ops_per_thread + 2 * XBATCH - 1) / (2 * XBATCH) * 2 * XBATCH * producers;
+    }
+    if (!strcmp(workload, "rptest")) {
+        inboxes = calloc((size_t)nthreads, sizeof *inboxes);
+        long ops = run_each(rptest);
+        for (int i = 0; i < nthreads; i++)
+            inbox_drain(&inboxes[i]);
+        return ops;
+    }
+    if (!strcmp(workload, "mstress")) {
+        long ops = run_each(mstress);
+        for (int i = 0; i < MS_SHARED; i++)
+            free(atomic_exchange(&shared_slots[i], NULL));
+        return ops;
+    }
+    if (!strcmp(workload, "large"))
+        return run_each(large);
     if (!strcmp(workload, "churn")) {
         static void *blocks[64][CHURN_BLOCKS];
         long rounds = ops_per_thread / (2 * CHURN_BLOCKS);
@@ -231,7 +430,9 @@ static long run(const char *workload)
 int main(int argc, char **argv)
 {
     if (argc != 4)
-        return fprintf(stderr, "usage: threads larson|prodcons|churn|batch|mid|mid4k|spread|big THREADS OPS_PER_THREAD\n"), 2;
+        return fprintf(stderr, "usage: threads larson|prodcons|churn|batch|mid|mid4k|spread|big|xmalloc|rptest|mstress|large "
+                               "THREADS OPS_PER_THREAD\n"),
+               2;
     nthreads = atoi(argv[2]);
     if (nthreads < 1 || nthreads > 64)
         return 2;
@@ -241,5 +442,8 @@ int main(int argc, char **argv)
     double elapsed = now_ns() - (clock_start_ns ? clock_start_ns : start);
     report("mops", (double)ops / elapsed * 1e3);
     report("rss_mib", (double)rss_bytes() / 1048576.0);
+    /* VmHWM, the peak of this program's own memory: ru_maxrss would carry
+     * the peak of the process from before its exec (the runner's fork). */
+    report("rss_peak_mib", (double)proc_kib_field_bytes("/proc/self/status", "VmHWM: %zu kB") / 1048576.0);
     return 0;
 }
