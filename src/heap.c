@@ -1106,6 +1106,11 @@ static heap_t *heap_thread_take(heap_t *h)
 heap_t *heap_thread_init(void)
 {
     hak_ensure_init();
+    /* The process's init may have allocated on this thread, and so given
+     * it a heap already: musl's pthread_atfork mallocs its handler's
+     * record, and a second heap here would be left live and ownerless. */
+    if (hak_tl_heap != &hak_empty_heap)
+        return hak_tl_heap;
     pthread_mutex_lock(&heaps_lock);
     heap_t *h = heap_pop_orphan_locked(UINT64_MAX);
     if (h) {
