@@ -1,11 +1,12 @@
 # The README's two commands: `make bench` (build, install the competitors,
-# compare) and `make test` (build release, debug, UBSan and TSan, run every test).
+# compare) and `make test` (build release, debug, UBSan, TSan and musl, run
+# every test).
 JOBS ?= $(shell nproc)
 BENCH_ARGS ?=
 # Debian's python3, where python3-matplotlib installs (not a pyenv one)
 PYTHON ?= /usr/bin/python3
 
-.PHONY: all release debug ubsan tsan soak fuzz long-run test bench bench-full deps bench-deps install clean options-doc
+.PHONY: all release debug ubsan tsan musl soak fuzz long-run test bench bench-full deps bench-deps install clean options-doc
 
 all: release
 
@@ -18,7 +19,19 @@ CMAKE_ARGS_ubsan = -DCMAKE_BUILD_TYPE=Debug -DHAKMEM_SANITIZE=undefined
 # ThreadSanitizer owns malloc: hakmem keeps to its own names (hak_malloc ...)
 CMAKE_ARGS_tsan = -DCMAKE_BUILD_TYPE=Debug -DHAKMEM_SANITIZE=thread -DHAKMEM_OVERRIDE=OFF -DHAKMEM_BUILD_BENCH=OFF
 
-release debug ubsan tsan: %: build/%/Makefile
+# musl (Debian's musl-tools): the library and the C tests, with the
+# kernel's headers, which musl-gcc leaves out, from a folder of links.
+CMAKE_ARGS_musl = -DCMAKE_BUILD_TYPE=Release -DCMAKE_C_COMPILER=musl-gcc -DHAKMEM_BUILD_BENCH=OFF \
+  -DCMAKE_C_FLAGS="-isystem $(CURDIR)/build/musl-include"
+MULTIARCH := $(shell gcc -print-multiarch 2>/dev/null)
+build/musl/Makefile: build/musl-include/linux
+build/musl-include/linux:
+	mkdir -p build/musl-include
+	ln -sfn /usr/include/linux build/musl-include/linux
+	ln -sfn /usr/include/asm-generic build/musl-include/asm-generic
+	ln -sfn /usr/include/$(MULTIARCH)/asm build/musl-include/asm
+
+release debug ubsan tsan musl: %: build/%/Makefile
 	cmake --build build/$* -j $(JOBS)
 
 deps:
@@ -28,13 +41,14 @@ bench-deps:
 	scripts/install-deps.sh bench
 
 test: deps
-	$(MAKE) release debug ubsan tsan
+	$(MAKE) release debug ubsan tsan musl
 	cd build/release && ctest --output-on-failure -j 2
 	cd build/debug && ctest --output-on-failure -j 2
 	cd build/ubsan && ctest --output-on-failure -j 2
 	cd build/tsan && ctest --output-on-failure
+	cd build/musl && ctest --output-on-failure -j 2
 	@# CI shows only the tail of its log: the slowest tests of each build
-	@for b in release debug ubsan tsan; do printf '%s, slowest:' $$b; \
+	@for b in release debug ubsan tsan musl; do printf '%s, slowest:' $$b; \
 	  sort -k3 -g -r build/$$b/Testing/Temporary/CTestCostData.txt | head -3 | awk '{printf " %s %.1f s;", $$1, $$3}'; echo; done
 
 # Long runs for local use: the soak (RSS flat over SOAK_SECONDS with thread

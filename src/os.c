@@ -11,7 +11,6 @@
 
 #include <errno.h>
 #include <fcntl.h>
-#include <linux/membarrier.h>
 #include <sched.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -22,6 +21,18 @@
 #include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
+
+/* Linux 5.18's advice for the pages of a program that locked its memory
+ * (older C library headers, musl's, lack it; older kernels refuse it). */
+#ifndef MADV_DONTNEED_LOCKED
+#define MADV_DONTNEED_LOCKED 24
+#endif
+
+/* membarrier's commands (linux/membarrier.h, which musl's headers lack). */
+#ifndef MEMBARRIER_CMD_PRIVATE_EXPEDITED
+#define MEMBARRIER_CMD_PRIVATE_EXPEDITED (1 << 3)
+#define MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED (1 << 4)
+#endif
 
 /* Valgrind's memcheck (3.19, Debian 12's) takes only the first old_size bytes of
  * a mapping that mremap moved and grew with MREMAP_FIXED as addressable:
@@ -199,12 +210,8 @@ void os_purge(void *p, size_t size)
         return;
     }
 #endif
-#ifdef MADV_DONTNEED_LOCKED
     if (madvise(p, size, MADV_DONTNEED) != 0 && errno == EINVAL)
         madvise(p, size, MADV_DONTNEED_LOCKED);
-#else
-    madvise(p, size, MADV_DONTNEED);
-#endif
     errno = saved;
 }
 

@@ -131,6 +131,11 @@ HAK_EXPORT int malloc_trim(size_t pad)
     return os_rss_bytes() < before; /* 1 if memory went back to the OS */
 }
 
+#ifdef __GLIBC__
+/* glibc's own interface to its allocator: mallinfo, malloc_stats,
+ * malloc_info, mallopt and the __libc_ names. musl has none of it (its
+ * programs cannot call them), so a musl build leaves them out. */
+
 /* glibc's fields as they map onto hakmem: its own mappings (hblks,
  * hblkhd) are the large blocks in use; arena is the rest of what hakmem
  * has mapped, the slabs', the page arenas' and BigCache's, of which
@@ -240,6 +245,7 @@ HAK_EXPORT void *__libc_realloc(void *p, size_t size) HAK_ALIAS_OF(realloc);
 HAK_EXPORT void *__libc_memalign(size_t align, size_t size) HAK_ALIAS_OF(memalign);
 HAK_EXPORT void *__libc_valloc(size_t size) HAK_ALIAS_OF(valloc);
 HAK_EXPORT void *__libc_pvalloc(size_t size) HAK_ALIAS_OF(pvalloc);
+#endif /* __GLIBC__ */
 #endif /* HAKMEM_OVERRIDE */
 /* ---- hakmem's own API -------------------------------------------------------- */
 

@@ -34,7 +34,7 @@
 #include <time.h>
 
 static pthread_mutex_t purger_lock = PTHREAD_MUTEX_INITIALIZER;
-static pthread_cond_t purger_wake = PTHREAD_COND_INITIALIZER; /* a stop asked */
+static pthread_cond_t purger_wake; /* a stop asked; on CLOCK_MONOTONIC (wake_init) */
 static pthread_cond_t purger_gone = PTHREAD_COND_INITIALIZER; /* the thread left */
 /* Under purger_lock, read without it on notify's fast path: */
 static _Atomic bool purger_pending; /* pages wait that the thread has not seen */
@@ -80,7 +80,7 @@ static void wait_for(uint64_t ms)
 {
     uint64_t deadline = os_now_ns() + ms * 1000000u; /* CLOCK_MONOTONIC */
     struct timespec at = {(time_t)(deadline / 1000000000u), (long)(deadline % 1000000000u)};
-    while (!purger_stop && pthread_cond_clockwait(&purger_wake, &purger_lock, CLOCK_MONOTONIC, &at) != ETIMEDOUT)
+    while (!purger_stop && pthread_cond_timedwait(&purger_wake, &purger_lock, &at) != ETIMEDOUT)
         ;
 }
 
@@ -287,8 +287,20 @@ void purger_notify_freed(size_t bytes)
 
 void purger_notify_cached(void) { purger_notify_freed(0); }
 
+/* The wake-up's waits time out on CLOCK_MONOTONIC, which a change of the
+ * system's time does not move (pthread_cond_clockwait is glibc's alone). */
+static void wake_init(void)
+{
+    pthread_condattr_t monotonic;
+    pthread_condattr_init(&monotonic);
+    pthread_condattr_setclock(&monotonic, CLOCK_MONOTONIC);
+    pthread_cond_init(&purger_wake, &monotonic);
+    pthread_condattr_destroy(&monotonic);
+}
+
 void purger_init(const purge_client_t *purge_clients, unsigned count, bool (*busy)(void))
 {
+    wake_init();
     clients = purge_clients;
     client_count = count;
     caller_busy = busy;
@@ -322,7 +334,7 @@ void purger_heap_settled(void)
 void purger_fork_child(void)
 {
     pthread_mutex_init(&purger_lock, NULL);
-    pthread_cond_init(&purger_wake, NULL);
+    wake_init();
     pthread_cond_init(&purger_gone, NULL);
     atomic_store(&purger_running, false);
     purger_stop = false;
@@ -362,9 +374,6 @@ static void purger_retire(void)
 
 /* ---- the calls that need the program's threads alone --------------------------- */
 
-/* glibc's own entry point of clone, which hakmem's clone calls on. */
-extern int __clone(int (*fn)(void *), void *stack, int flags, void *arg, ...);
-
 HAK_EXPORT int unshare(int flags)
 {
     purger_retire();
@@ -376,6 +385,13 @@ HAK_EXPORT int setns(int fd, int nstype)
     purger_retire();
     return os_setns(fd, nstype);
 }
+
+#ifdef __GLIBC__
+/* glibc's own entry point of clone, which hakmem's clone calls on. musl
+ * has none to call on: a musl build leaves clone to the C library, and a
+ * child cloned without CLONE_VM while the purger held a lock would wait
+ * on that lock. */
+extern int __clone(int (*fn)(void *), void *stack, int flags, void *arg, ...);
 
 /* A clone without CLONE_VM gives the child a copy of memory in which a
  * lock the purger held stays held for ever: glibc's fork runs hakmem's
@@ -394,3 +410,4 @@ HAK_EXPORT int clone(int (*fn)(void *), void *stack, int flags, void *arg, ...)
         purger_retire();
     return __clone(fn, stack, flags, arg, parent_tid, tls, child_tid);
 }
+#endif

@@ -16,6 +16,13 @@
 #include <strings.h>
 #include <time.h>
 
+#if !defined(__GLIBC__) && !defined(HAKMEM_TEST_HAK_NAMES)
+/* glibc's malloc_trim and pvalloc, which hakmem exports on any C library
+ * and musl's headers do not declare. */
+int malloc_trim(size_t pad);
+void *pvalloc(size_t size);
+#endif
+
 static int checks_passed, checks_failed;
 
 #define CHECK(cond)                                                                    \

@@ -194,6 +194,7 @@ static void test_windows(void)
     CHECK(main_thread_sleeps == 0);
 }
 
+#ifdef __GLIBC__ /* mallopt: glibc's */
 /* mallopt(M_MMAP_THRESHOLD) pins the threshold: the tuner, which has been
  * judging windows, judges no more and the threshold stays where it was
  * set, as glibc stops moving its own. */
@@ -224,6 +225,7 @@ static void test_pinned(void)
            (unsigned long long)windows, (unsigned long long)s.tuner_windows);
     CHECK(s.large_threshold == (size_t)128 << 10 && s.tuner_windows == windows);
 }
+#endif
 
 int main(int argc, char **argv)
 {
@@ -234,7 +236,9 @@ int main(int argc, char **argv)
         test_evolving();
     else if (!strcmp(mode, "windows"))
         test_windows();
+#ifdef __GLIBC__
     else if (!strcmp(mode, "pinned"))
         test_pinned();
+#endif
     return check_summary("test_tuner");
 }
