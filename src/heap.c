@@ -1170,7 +1170,7 @@ static bool threads_recycled(void)
  * thread's arena lane purged: threads that do not come back (a pool that
  * finished its work) leave nothing behind. */
 /* What a thread's exit hands back before its heap is orphaned, above the
- * heaps (BigCache's front): init.c says (heaps_process_init). */
+ * heaps (BigCache's front): init.c says (heaps_key_init). */
 static void (*thread_exit_first)(void);
 
 static void heap_thread_exit(void *arg)
@@ -1399,15 +1399,21 @@ void heaps_fork_child(void)
     pthread_mutex_unlock(&orphans_drain_lock);
 }
 
-void heaps_process_init(void (*before_orphaning)(void))
+/* The key whose destructor orphans an exiting thread's heap. Made before
+ * init says it is ready: a thread that made its heap before the key
+ * existed would have none set, and its heap would stay live with no
+ * thread for good (musl, whose pthread_atfork allocates, left init's
+ * window open long enough for threads starting together). */
+void heaps_key_init(void (*before_orphaning)(void))
 {
     thread_exit_first = before_orphaning;
     if (pthread_key_create(&heap_key, heap_thread_exit) == 0)
         atomic_store_explicit(&heap_key_ready, true, memory_order_release);
     if (hak_tl_heap != &hak_empty_heap)
         pthread_setspecific(heap_key, hak_tl_heap);
-    pthread_atfork(heaps_fork_prepare, heaps_fork_parent, heaps_fork_child);
 }
+
+void heaps_fork_init(void) { pthread_atfork(heaps_fork_prepare, heaps_fork_parent, heaps_fork_child); }
 
 /* The heaps' part of a purge pass: the orphans first (what they give back
  * joins the SuperSlabs' purges in the same pass), then the threads' mid

@@ -58,12 +58,13 @@ void hak_init_slow(void)
         purger_init(purge_clients, sizeof purge_clients / sizeof purge_clients[0], heap_caller_busy);
         os_membarrier_init();
         arena_init();
+        heaps_key_init(bigcache_thread_exit);
         atomic_store_explicit(&hak_init_state, 2, memory_order_release);
         /* Prepare handlers run last registered first: the lanes are locked
          * after heaps_lock, the order of the purger's flush of the fronts
          * (heaps_flush_mid, then arena_free). */
         pthread_atfork(arena_fork_prepare, arena_fork_parent, arena_fork_child);
-        heaps_process_init(bigcache_thread_exit);
+        heaps_fork_init();
         pthread_atfork(bigcache_fork_prepare, bigcache_fork_parent, bigcache_fork_child);
         pthread_atfork(NULL, NULL, purger_fork_child);
         pthread_atfork(NULL, NULL, os_membarrier_init); /* a new process registers anew */
