@@ -44,7 +44,6 @@
 _Static_assert(ARENA_PAGES - 1 <= E_LINK_MASK && ARENA_PAGES <= E_PAGES_MASK, "page indexes fit the links");
 _Static_assert(E_IN_FRONT < (uint64_t)1 << E_RECORD_SHIFT, "a sample's record leaves the in-front bit clear");
 
-static inline uint32_t e_pages(uint64_t e) { return (uint32_t)(e & E_PAGES_MASK); }
 static inline unsigned e_state(uint64_t e) { return (unsigned)((e & E_STATE_MASK) >> E_STATE_SHIFT); }
 static inline uint32_t e_next(uint64_t e) { return (uint32_t)((e >> E_NEXT_SHIFT) & E_LINK_MASK); }
 static inline uint32_t e_prev(uint64_t e) { return (uint32_t)((e >> E_PREV_SHIFT) & E_LINK_MASK); }

@@ -62,6 +62,8 @@ enum extent_state { EXTENT_NONE, EXTENT_USED, EXTENT_FREE, EXTENT_PURGING /* fre
 #define E_SAMPLE_BITS (E_SAMPLED | ~(uint64_t)0 << E_RECORD_SHIFT)
 #define E_USED_HEAD (E_HEAD | ((uint64_t)EXTENT_USED << E_STATE_SHIFT))
 
+static inline uint32_t e_pages(uint64_t e) { return (uint32_t)(e & E_PAGES_MASK); }
+
 /* The head entry's fields the fronts test: a block handed out, not a
  * sample, not in a front, has (e & E_FRONT_TEST) == E_USED_HEAD. */
 #define E_FRONT_TEST (E_HEAD | E_STATE_MASK | E_SAMPLED | E_IN_FRONT)

@@ -39,7 +39,7 @@ void arena_front_check(const uintptr_t *b, uint32_t pages, unsigned count)
     if (segmap_kind(b) != SEG_ARENA || front_count(b[ARENA_FRONT_LINK]) != count - 1)
         hak_free_list_corrupt(b);
     uint64_t e = head_of(b);
-    if ((e & E_FRONT_TEST) != (E_USED_HEAD | E_IN_FRONT) || (e & E_PAGES_MASK) != pages)
+    if ((e & E_FRONT_TEST) != (E_USED_HEAD | E_IN_FRONT) || e_pages(e) != pages)
         hak_free_list_corrupt(b);
 }
 
@@ -49,7 +49,7 @@ void arena_front_check(const uintptr_t *b, uint32_t pages, unsigned count)
 static HAK_NOINLINE void pool_overflow(void *p, const char *op)
 {
     uint64_t e = head_of(p);
-    uint32_t pages = (uint32_t)(e & E_PAGES_MASK);
+    uint32_t pages = e_pages(e);
     heap_t *heap = heap_get();
     if ((e & E_FRONT_TEST) == E_USED_HEAD && pages >= ARENA_FRONT_MIN_PAGES &&
         pages <= ARENA_FRONT_MAX_PAGES && hak_arena_bin_pages[hak_arena_bin_of[pages]] == pages &&
@@ -88,7 +88,7 @@ static HAK_NOINLINE void front_overflow(void *p, const char *op)
  * to it, flatter, cost 3 instructions more a pair). */
 static HAK_NOINLINE void class_free(void *p, const char *op, _Atomic uint64_t *entry, uint64_t e)
 {
-    uint32_t pages = (uint32_t)(e & E_PAGES_MASK);
+    uint32_t pages = e_pages(e);
     if (pages <= ARENA_FRONT_MAX_PAGES && hak_arena_bin_pages[hak_arena_bin_of[pages]] == pages /* on its class */) {
         unsigned bin = hak_arena_bin_of[pages], k = bin - ARENA_FRONT_EXACT_BINS;
         heap_t *heap = heap_get(); /* hak_empty_heap: no limit above 0 */
@@ -125,7 +125,7 @@ void arena_front_free(void *p, const char *op)
     }
     _Atomic uint64_t *entry = arena_head_entry(p);
     uint64_t e = atomic_load_explicit(entry, memory_order_relaxed);
-    unsigned bin = (unsigned)(e & E_PAGES_MASK) - ARENA_FRONT_MIN_PAGES; /* a bin per page count up to 64 KiB (fewer wrap around) */
+    unsigned bin = e_pages(e) - ARENA_FRONT_MIN_PAGES; /* a bin per page count up to 64 KiB (fewer wrap around) */
     if ((e & E_FRONT_TEST) == E_USED_HEAD && bin >= ARENA_FRONT_EXACT_BINS) {
         class_free(p, op, entry, e);
         return;
