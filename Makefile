@@ -20,9 +20,12 @@ CMAKE_ARGS_ubsan = -DCMAKE_BUILD_TYPE=Debug -DHAKMEM_SANITIZE=undefined
 CMAKE_ARGS_tsan = -DCMAKE_BUILD_TYPE=Debug -DHAKMEM_SANITIZE=thread -DHAKMEM_OVERRIDE=OFF -DHAKMEM_BUILD_BENCH=OFF
 
 # musl (Debian's musl-tools): the library and the C tests, with the
-# kernel's headers, which musl-gcc leaves out, from a folder of links.
+# kernel's headers, which musl-gcc leaves out, from a folder of links, and
+# the frame tables' search table (.eh_frame_hdr), which Debian's musl-gcc
+# leaves out too and the profile's stack walk reads (Alpine's gcc writes it).
 CMAKE_ARGS_musl = -DCMAKE_BUILD_TYPE=Release -DCMAKE_C_COMPILER=musl-gcc -DHAKMEM_BUILD_BENCH=OFF \
-  -DCMAKE_C_FLAGS="-isystem $(CURDIR)/build/musl-include"
+  -DCMAKE_C_FLAGS="-isystem $(CURDIR)/build/musl-include" \
+  -DCMAKE_EXE_LINKER_FLAGS=-Wl,--eh-frame-hdr -DCMAKE_SHARED_LINKER_FLAGS=-Wl,--eh-frame-hdr
 MULTIARCH := $(shell gcc -print-multiarch 2>/dev/null)
 build/musl/Makefile: build/musl-include/linux
 build/musl-include/linux:

@@ -176,6 +176,12 @@ size_t hak_sites_get_sized(hak_site_t *out, size_t max, size_t size);
 size_t(hak_sites_get)(hak_site_t *out, size_t max);
 #define hak_sites_get(out, max) hak_sites_get_sized((out), (max), sizeof(hak_site_t))
 
+/* Write the report now into the file at path: format "text", "json",
+ * "pprof" (google-pprof's heap profile) or "folded" (folded stacks for
+ * flame graphs); NULL for HAKMEM_STATS's format, text if it names none.
+ * Returns 0, or -1 with errno set (EINVAL: an unknown format). */
+int hak_profile_dump(const char *path, const char *format);
+
 /* Print the option table: name, type, default, meaning; tab-separated. */
 void hak_options_print(FILE *out);
 

@@ -3,7 +3,8 @@
 # Usage: install-deps.sh test|bench. As root it installs; otherwise it
 # names what is missing and carries on (the bench skips what it lacks).
 set -u
-test_packages="cmake make gcc g++ binutils pkg-config python3 git coreutils valgrind clang sqlite3 perl redis-server redis-tools musl-tools linux-libc-dev"
+# google-perftools: google-pprof, which reads hakmem's heap profiles (tests/launcher.sh)
+test_packages="cmake make gcc g++ binutils pkg-config python3 git coreutils valgrind clang sqlite3 perl redis-server redis-tools musl-tools linux-libc-dev google-perftools"
 # python3's own test modules, for the real-program tests
 pyver=$(/usr/bin/python3 -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null || echo 3.11)
 test_packages="$test_packages libpython$pyver-testsuite"

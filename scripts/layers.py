@@ -34,9 +34,9 @@ LAYERS = [
     ("tiers", ["superslab", "arena"]),
     ("threads' heaps", ["heap", "front"]),
     ("large blocks", ["large", "bigcache"]),
-    ("profiler and tuner", ["sample", "site", "kpi", "learn"]),
+    ("profiler and tuner", ["sample", "stack", "unwind", "site", "kpi", "learn"]),
     ("dispatch", ["alloc"]),
-    ("introspection", ["stats", "report"]),
+    ("introspection", ["stats", "report", "profile_report"]),
     ("entry points", ["init", "override", "override_cxx"]),
 ]
 
@@ -44,7 +44,7 @@ LAYERS = [
 HEADERS = {
     "base.h": 0, "config.h": 0, "os.h": 1, "error.h": 2, "layout.h": 3, "block.h": 3, "hooks.h": 3,
     "purger.h": 4, "superslab.h": 5, "arena.h": 5, "heap.h": 6, "large.h": 7, "profile.h": 8,
-    "alloc.h": 9, "init.h": 11,
+    "alloc.h": 9, "report.h": 10, "init.h": 11,
 }
 
 # Includes up the layers, by file and header, and why.

@@ -48,8 +48,8 @@ static HAK_NOINLINE void *hak_alloc_mid_slow(unsigned c, size_t size, uintptr_t 
     if (*heap_stash(heap, c)) {
         uint64_t start = hak_ticks();
         b = heap_stash_pop(heap, c);
-        if (--heap->sample_left <= 0)
-            b = sample_take(heap, c, b, size, site, sample_interval_end(heap), hak_ticks() - start);
+        if ((heap->sample_left -= (long)size) <= 0)
+            b = sample_take(heap, c, b, size, site, sample_interval_end(heap, size), hak_ticks() - start);
     } else {
         b = hak_alloc_from(heap, c, size, site);
     }
@@ -66,17 +66,17 @@ static inline void *hak_alloc_mid(unsigned c, size_t size, uintptr_t site)
     heap_t *heap = heap_get();
     if (likely(heap_mid_enter(heap))) { /* hak_empty_heap: a NULL cache and stash */
         void *b;
-        if (likely(*heap_stash(heap, c) != 0 && heap->sample_left > 1)) {
+        if (likely(*heap_stash(heap, c) != 0 && heap->sample_left > (long)size)) {
             b = heap_stash_pop(heap, c);
-            heap->sample_left--;
+            heap->sample_left -= (long)size;
             heap_mid_leave(heap);
             return b;
         }
         b = heap->cache[c];
-        if (likely(b != NULL && heap->sample_left > 1)) {
+        if (likely(b != NULL && heap->sample_left > (long)size)) {
             heap->cache[c] = cache_next(heap, b);
             block_handed_out(b);
-            heap->sample_left--;
+            heap->sample_left -= (long)size;
             heap_mid_leave(heap);
             return b;
         }
@@ -99,7 +99,7 @@ static HAK_NOINLINE void *hak_alloc_arena_slow(size_t size, size_t align, uintpt
      * find (taking another block meanwhile failed test_threads' reuse
      * check, rarely, under load). */
     heap_mid_wait(heap);
-    if (unlikely(--heap->sample_left == 0))
+    if (unlikely((heap->sample_left -= (long)size) <= 0))
         return sample_take_arena(heap, size, align, site, zero);
     uint32_t pages = (uint32_t)((size + ARENA_PAGE - 1) >> ARENA_PAGE_SHIFT);
     if (hak_config.arena_pool && !align && pages >= ARENA_FRONT_MIN_PAGES && pages <= ARENA_FRONT_MAX_PAGES) {
@@ -120,10 +120,10 @@ static HAK_NOINLINE void *hak_alloc_arena_slow(size_t size, size_t align, uintpt
 static inline void *hak_alloc_arena(size_t size, size_t align, uintptr_t site, bool zero)
 {
     heap_t *heap = heap_get();
-    if (!align && likely(heap->sample_left > 1)) {
+    if (!align && likely(heap->sample_left > (long)size)) {
         void *b = arena_front_take(heap, size);
         if (likely(b != NULL)) {
-            heap->sample_left--;
+            heap->sample_left -= (long)size;
             return zero ? memset(b, 0, size) : b;
         }
     }
@@ -161,9 +161,9 @@ static inline void *hak_alloc_front(size_t size, uintptr_t site)
     if (likely(heap_mid_enter(heap))) {
         unsigned f = front_of(size);
         uintptr_t *list = &heap->front[f];
-        if (likely(*list != 0 && heap->sample_left > 1)) {
+        if (likely(*list != 0 && heap->sample_left > (long)size)) {
             void *b = mid_front_pop(list, f);
-            heap->sample_left--;
+            heap->sample_left -= (long)size;
             heap_mid_leave(heap);
             return b;
         }

@@ -637,7 +637,7 @@ void arena_free(void *p, const char *op)
         return;
     }
     if (head & E_SAMPLED)
-        hak_profile_hooks.arena_freed(e_record(head));
+        hak_profile_hooks.sample_freed(e_record(head));
     arena_dirtied(e_pages(head));
 }
 
@@ -720,7 +720,7 @@ size_t arena_realloc_in_place(void *p, size_t size, bool resize, bool *resized, 
     if (hak_config.prewarm && stale < grown) /* as a new block's (arena_alloc) */
         os_prefault(page_address(a, end) + stale, grown - stale);
     if (done && sampled)
-        hak_profile_hooks.arena_resized(e_record(head), size);
+        hak_profile_hooks.sample_resized(e_record(head), size);
     return (size_t)have << ARENA_PAGE_SHIFT;
 }
 

@@ -10,7 +10,7 @@
 enum on_error { ON_ERROR_ABORT, ON_ERROR_WARN };
 enum purge_advice { PURGE_DONTNEED, PURGE_FREE };
 enum hugepages { HUGEPAGES_NEVER, HUGEPAGES_PREWARMED, HUGEPAGES_ALWAYS };
-enum stats_format { STATS_OFF, STATS_TEXT, STATS_JSON };
+enum stats_format { STATS_OFF, STATS_TEXT, STATS_JSON, STATS_PPROF, STATS_FOLDED };
 enum tune_mode { MODE_BASELINE, MODE_EVOLVING };
 
 /* The options read at setup and exit only come first, so that the ones
@@ -22,6 +22,8 @@ typedef struct hak_config {
     int on_error;             /* enum on_error */
     int stats;                /* enum stats_format */
     char profile_file[256];   /* the report's path at exit (%p, %e expanded), "" for stderr */
+    char profile_skip[256];   /* more allocation wrappers, comma-separated (report.c) */
+    long profile_depth;       /* frames of a sample's stack kept, at most */
     long superslab_reserve;
     long tune_window_ms;
     long tune_cooldown_s;
@@ -35,7 +37,7 @@ typedef struct hak_config {
     bool profile;
     bool site_rules;
     bool prewarm;
-    long profile_sample;      /* mean allocations between samples */
+    size_t profile_sample;    /* mean bytes between samples; 1: every allocation */
     long purge_delay_ms;
     long bigcache_sites;      /* 0: no BigCache */
     long bigcache_slots;

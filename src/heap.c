@@ -713,11 +713,10 @@ static bool heap_refill(heap_t *heap, unsigned c)
 }
 
 /* The tuner's clock ticks at samples, timed large calls and one refill in
- * 64 or so (the countdown's low bits: reading the time at every refill cost
- * json 15 ns per iteration). */
-static inline void heap_tick_tuner(const heap_t *heap)
+ * 64 (reading the time at every refill cost json 15 ns per iteration). */
+static inline void heap_tick_tuner(heap_t *heap)
 {
-    if (unlikely(hak_evolving()) && !(heap->sample_left & 63))
+    if (unlikely(hak_evolving()) && !(++heap->tuner_refills & 63))
         hak_profile_hooks.tuner_tick();
 }
 
@@ -729,16 +728,18 @@ static HAK_NOINLINE void *heap_alloc_refill(heap_t *heap, unsigned c, size_t siz
         heap = heap_thread_init();
         if (!heap)
             return NULL;
-        /* An exited thread's heap, taken over as that thread left it: the
-         * cache may hold blocks already, which a refill would drop. The
-         * thread's first block is never its sample. */
+        /* An exited thread's heap, taken over as that thread left it, or
+         * the one init's own allocations made for this thread (musl's
+         * pthread_atfork allocates): the cache may hold blocks already,
+         * which a refill would drop. The block is counted down as any
+         * other (with HAKMEM_PROFILE_SAMPLE=1 it is a sample too). */
         void *b = heap->cache[c];
         if (b) {
             heap->cache[c] = block_next(b);
             block_handed_out(b);
-            if (heap->sample_left > 1)
-                heap->sample_left--;
-            return b;
+            if ((heap->sample_left -= (long)size) > 0)
+                return b;
+            return hak_profile_hooks.sample(heap, c, b, size, site, hak_profile_hooks.interval_end(heap, size), 0);
         }
     }
     if (HAK_SECURE && unlikely(heap->corrupt_link))
@@ -749,7 +750,7 @@ static HAK_NOINLINE void *heap_alloc_refill(heap_t *heap, unsigned c, size_t siz
      * a new interval, leaving this sample a weight of 0, the mark of a
      * free record (redis-benchmark: "double free" at its free, 1 run in
      * 100 or so under load). */
-    uint32_t weight = --heap->sample_left <= 0 ? hak_profile_hooks.interval_end(heap) : 0;
+    float weight = (heap->sample_left -= (long)size) <= 0 ? hak_profile_hooks.interval_end(heap, size) : 0;
     uint64_t start = weight ? hak_ticks() : 0;
     heap_enter_lists(heap);
     slab_t *cur = heap->cur[c];
@@ -780,11 +781,11 @@ static HAK_NOINLINE void *heap_alloc_refill(heap_t *heap, unsigned c, size_t siz
 void *heap_alloc_slow(heap_t *heap, unsigned c, size_t size, uintptr_t site)
 {
     slab_t *cur = heap->cur[c]; /* NULL in hak_empty_heap */
-    if (unlikely(!cur || !slab_list_is_batch(cur) || heap->sample_left <= 1 ||
+    if (unlikely(!cur || !slab_list_is_batch(cur) || heap->sample_left <= (long)size ||
                  (HAK_SECURE && heap->corrupt_link)))
         return heap_alloc_refill(heap, c, size, site);
     HAK_COUNT(heap, refill_local);
-    heap->sample_left--;
+    heap->sample_left -= (long)size;
     void *b = slab_take_list(cur);
     heap->cache[c] = block_next(b);
     block_handed_out(b);
@@ -1345,19 +1346,6 @@ void heaps_totals(size_t *live, size_t *orphaned, uint64_t *slab_refills, uint64
 /* Every heap ever made, without the lock: heaps are only ever added at the
  * head, each with its next_all set before, and never freed. */
 heap_t *heaps_all(void) { return atomic_load_explicit(&all_heaps, memory_order_acquire); }
-
-/* Slab-sized allocations of every thread so far: each heap's completed
- * sampling intervals plus the part of the current one it has used (read
- * without the owners' cooperation: a moment old). */
-uint64_t heaps_allocations(void)
-{
-    uint64_t total = 0;
-    pthread_mutex_lock(&heaps_lock);
-    for (heap_t *h = all_heaps; h; h = h->next_all)
-        total += h->sampled_allocs + (uint64_t)(h->sample_interval - h->sample_left);
-    pthread_mutex_unlock(&heaps_lock);
-    return total;
-}
 
 /* ---- fork ------------------------------------------------------------------------ */
 

@@ -104,12 +104,9 @@ static inline uintptr_t *front_unlink(uintptr_t *list, unsigned link)
     atomic_signal_fence(memory_order_seq_cst);
     return b;
 }
-/* The counts of a site table entry (site.c); live bytes are signed, in
- * two's complement. */
-enum site_count {
-    SITE_ALLOCS, SITE_BYTES, SITE_SAMPLES, SITE_FREES, SITE_LARGE_ALLOCS, SITE_BIGCACHE_HITS, SITE_LIVE_BYTES,
-    SITE_COUNTS
-};
+/* The counts of a site table entry (site.c): lifetimes recorded, large
+ * allocations, BigCache hits. */
+enum site_count { SITE_FREES, SITE_LARGE_ALLOCS, SITE_BIGCACHE_HITS, SITE_COUNTS };
 
 /* The KPI totals (kpi.c). */
 enum kpi_total { KPI_LATENCY_SAMPLES, KPI_LATENCY_WEIGHT, KPI_LATENCY_TICKS, KPI_LARGE_CALLS, KPI_TOTALS };
@@ -175,10 +172,9 @@ typedef struct heap {
     bool uncollected;          /* orphaned as its thread left it (threads were being recycled) */
     bool draining;             /* an orphan the purger took out of the queue to drain (heaps_lock) */
     _Atomic int state;         /* enum heap_state: changed under heaps_lock, read by remote frees */
-    _Alignas(64) long sample_left; /* allocations until the next sample (sample.c) */
-    long sample_interval;      /* the interval sample_left counts down from */
-    uint64_t sampled_allocs;   /* allocations of the intervals completed */
+    _Alignas(64) long sample_left; /* bytes to allocate before the next sample (sample.c) */
     uint64_t sample_rng;       /* xorshift state drawing the sampling intervals */
+    uint32_t tuner_refills;    /* refills, for the tuner's clock (heap_tick_tuner) */
     unsigned arena_lane;       /* the page arenas' lane its thread allocates from (arena.c) */
     _Atomic int in_slow;       /* inside a list update (fork safety; the purger's mid claim keeps off) */
     /* The mid classes' frees to the stash, which the purger claims and
@@ -268,7 +264,6 @@ void heaps_key_init(void (*before_orphaning)(void));
 void heaps_fork_init(void);
 void heaps_totals(size_t *live, size_t *orphaned, uint64_t *slab_refills, uint64_t *counters);
 heap_t *heaps_all(void);
-uint64_t heaps_allocations(void);
 
 void arena_front_flush(heap_t *heap); /* every block of the heap's front back to its arena */
 

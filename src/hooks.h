@@ -13,21 +13,22 @@
 typedef struct profile_hooks {
     /* slab allocations (heap.c) */
     void (*heap_init)(heap_t *heap);                /* sample_heap_init */
-    uint32_t (*interval_end)(heap_t *heap);         /* sample_interval_end */
-    void *(*sample)(heap_t *heap, unsigned c, void *b, size_t size, uintptr_t site, uint32_t weight,
+    float (*interval_end)(heap_t *heap, size_t size); /* sample_interval_end */
+    void *(*sample)(heap_t *heap, unsigned c, void *b, size_t size, uintptr_t site, float weight,
                     uint64_t ticks);                /* sample_take */
     void (*tuner_tick)(void);                       /* learn_tick */
-    /* large blocks (large.c): every call is recorded, one in KPI_LARGE_TIMING timed */
+    /* large blocks (large.c): every call counts for the site's rules, one
+     * in KPI_LARGE_TIMING is timed, and the countdown picks the samples */
     unsigned (*large_alloc)(uintptr_t site, size_t size, bool bigcache_hit, uint32_t *rules);
-    void (*large_free)(unsigned index, size_t size, uint32_t weight, uint64_t born);
-    void (*large_resize)(unsigned index, size_t old_size, size_t new_size, uint32_t weight);
+    uint32_t (*large_sample)(size_t size, uintptr_t site); /* the sample's record, or 0 */
+    void (*lifetime)(unsigned index, uint64_t born);
     bool (*wants_touch)(unsigned index);
     void (*touched)(unsigned index, size_t resident, size_t size);
     bool (*large_call)(void);                       /* kpi_large_call */
-    void (*latency)(uint64_t ticks, uint64_t weight);
-    /* samples served by the page arenas (arena.c) */
-    void (*arena_freed)(uint32_t record);
-    void (*arena_resized)(uint32_t record, size_t size);
+    void (*latency)(uint64_t ticks, float weight);
+    /* samples in the page arenas (arena.c) and the large tier */
+    void (*sample_freed)(uint32_t record);
+    void (*sample_resized)(uint32_t record, size_t size);
 } profile_hooks_t;
 
 extern profile_hooks_t hak_profile_hooks;

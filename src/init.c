@@ -29,14 +29,14 @@ static const profile_hooks_t profile_hooks = {
     .sample = sample_take,
     .tuner_tick = learn_tick,
     .large_alloc = site_record_large,
-    .large_free = site_record_free,
-    .large_resize = site_record_resize,
+    .large_sample = sample_large,
+    .lifetime = site_record_lifetime,
     .wants_touch = site_wants_touch,
     .touched = site_record_touched,
     .large_call = kpi_large_call,
     .latency = kpi_record_latency,
-    .arena_freed = sample_arena_freed,
-    .arena_resized = sample_arena_resized,
+    .sample_freed = sample_freed,
+    .sample_resized = sample_resized,
 };
 
 static const purge_client_t purge_clients[] = {

@@ -71,8 +71,11 @@ static uint64_t total_of(enum kpi_total t)
     return total;
 }
 
-void kpi_record_latency(uint64_t ticks, uint64_t weight)
+/* weight: the allocations the timing stands for, rounded to a whole
+ * number for the histogram and the totals alike. */
+void kpi_record_latency(uint64_t ticks, float weight_estimate)
 {
+    uint64_t weight = (uint64_t)(weight_estimate + 0.5f);
     ADD_UNLOCKED(&latency_hist[kpi_bucket_of(ticks)], weight);
     total_add(KPI_LATENCY_SAMPLES, 1);
     total_add(KPI_LATENCY_WEIGHT, weight);
@@ -86,12 +89,12 @@ void kpi_record_latency(uint64_t ticks, uint64_t weight)
  * iteration. */
 bool kpi_large_call(void) { return total_add(KPI_LARGE_CALLS, 1) % KPI_LARGE_TIMING == 0; }
 
-/* Totals so far: the estimated ticks spent allocating, and the exact
- * number of allocations (sampled and large). */
+/* Totals so far, estimated from the timed samples: the ticks spent
+ * allocating, and the allocations they stand for. */
 void kpi_window_counters(uint64_t *latency_ticks, uint64_t *allocations)
 {
     *latency_ticks = total_of(KPI_LATENCY_TICKS);
-    *allocations = heaps_allocations() + total_of(KPI_LARGE_CALLS);
+    *allocations = total_of(KPI_LATENCY_WEIGHT);
 }
 
 /* Nanoseconds per tick, from the clock and the tick counter read at init

@@ -61,8 +61,8 @@ static void large_back(large_hdr_t *h, char *from)
         os_prefault(from, (size_t)(h->user + h->usable - from));
 }
 
-/* A block handed out: charged to its site (every large call is
- * recorded), given the site's rules, and backed as they say where its
+/* A block handed out: counted for its site's rules, sampled as the
+ * countdown says, given the site's rules, and backed as they say where its
  * pages are not resident: from unbacked on (h->user for a new or purged
  * block, NULL where all are). start: the clock when the call began if it
  * is timed (large_call_start), else 0. */
@@ -72,8 +72,11 @@ static void *large_born(large_hdr_t *h, size_t size, uintptr_t site, char *unbac
     h->born_size = size;
     h->fresh = unbacked == h->user;
     h->site_rules = 0;
-    if (hak_config.profile)
+    h->sample = 0;
+    if (hak_config.profile) {
         h->site_index = hak_profile_hooks.large_alloc(site, size, cache_hit, &h->site_rules);
+        h->sample = hak_profile_hooks.large_sample(size, site);
+    }
     if (unbacked)
         large_back(h, unbacked);
     h->born = start ? hak_ticks() : 0;
@@ -299,7 +302,9 @@ static void large_died(large_hdr_t *h)
 {
     if (!hak_config.profile)
         return;
-    hak_profile_hooks.large_free(h->site_index, h->size, 1, h->born);
+    if (h->sample)
+        hak_profile_hooks.sample_freed(h->sample);
+    hak_profile_hooks.lifetime(h->site_index, h->born);
     /* Huge pages are resident whole: they tell nothing of the touches. */
     if (h->fresh && !h->huge && h->size && hak_profile_hooks.wants_touch(h->site_index)) {
         char *first_page = h->map_base + os_page_size();
@@ -334,8 +339,8 @@ size_t large_usable_size(const void *p, const char *op)
 /* The site holds the new size. */
 static void large_resized(large_hdr_t *h, size_t size)
 {
-    if (hak_config.profile)
-        hak_profile_hooks.large_resize(h->site_index, h->size, size, 1);
+    if (h->sample)
+        hak_profile_hooks.sample_resized(h->sample, size);
     h->size = size;
 }
 

@@ -19,6 +19,7 @@ typedef struct large_hdr {
     uint32_t fresh;        /* its pages were new or purged when handed out */
     uint32_t huge;         /* its mapping asked for transparent huge pages */
     uint32_t untold;       /* its bytes counted untold in a young program (purger_young_untold), reused or not */
+    uint32_t sample;       /* its profiling sample's record (sample.c), 0 if it is none */
     size_t size;           /* the size asked for (realloc's last) */
     size_t born_size;      /* the size asked for when it was handed out */
     uint64_t born;         /* hak_ticks() at a timed allocation, else 0: lifetimes */

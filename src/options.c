@@ -23,7 +23,7 @@ typedef struct option {
     const char *meaning;
     void *target;         /* bool for BOOL, int for CHOICE, long for INT, size_t for SIZE, char[max] for STRING */
     long min, max;        /* INT and SIZE bounds; STRING: max, the buffer's size */
-    const char *choices[4]; /* CHOICE: value i is choices[i] */
+    const char *choices[6]; /* CHOICE: value i is choices[i] */
 } option_t;
 
 static option_t options[] = {
@@ -67,11 +67,17 @@ static option_t options[] = {
      "Bytes of freed page-arena blocks of one size (16-256 KiB) that each CPU's lane keeps in a pool, 14 blocks at most: a block freed by a thread of another lane, whose own cache of the size is full, waits there for the next malloc of the block's lane that finds its cache empty (threads that hand buffers to each other reuse them at once); given back after a purge delay. 0 (the default): no pools; 1M, say, for programs whose threads trade buffers of these sizes.",
      &hak_config.arena_pool, 0, 16 << 20, {0}},
     {"HAKMEM_PROFILE", OPT_BOOL, "1",
-     "Call-site profiling and latency KPIs (sampled allocations up to the large threshold, every large one); 0 turns them off.",
+     "The heap profile (sampled allocations charged to their call stacks) and the latency KPIs; 0 turns them off.",
      &hak_config.profile, 0, 1, {0}},
-    {"HAKMEM_PROFILE_SAMPLE", OPT_INT, "4096",
-     "Mean number of allocations up to the large threshold per thread between two samples (each interval drawn uniformly from half to one and a half times this).",
-     &hak_config.profile_sample, 2, 1 << 24, {0}},
+    {"HAKMEM_PROFILE_SAMPLE", OPT_SIZE, "2M",
+     "Mean bytes a thread allocates between two samples (each interval drawn from the exponential distribution, so that an allocation of s bytes is sampled with chance 1 - exp(-s / this) and stands for the inverse of that chance in the estimates); 1 samples every allocation, for exact profiles of small programs and tests.",
+     &hak_config.profile_sample, 1, (long)1 << 40, {0}},
+    {"HAKMEM_PROFILE_DEPTH", OPT_INT, "32",
+     "Frames of a sample's call stack kept, the call site first; 1 keeps the call site alone and never unwinds.",
+     &hak_config.profile_depth, 1, 64, {0}},
+    {"HAKMEM_PROFILE_SKIP", OPT_STRING, "",
+     "Allocation wrappers the report's call sites look through, comma-separated, beside the default list (xmalloc and its kin, g_malloc, PyMem_*, operator new, ...; docs/profiling.md): a function name, or a prefix ending in *.",
+     hak_config.profile_skip, 0, sizeof hak_config.profile_skip, {0}},
     {"HAKMEM_SITE_RULES", OPT_BOOL, "0",
      "Per-site rules drawn from the profile: BigCache off for a site whose first 16 large blocks got no hit, pre-warm for a site whose first 8 new blocks were at least 90% touched.",
      &hak_config.site_rules, 0, 1, {0}},
@@ -88,10 +94,10 @@ static option_t options[] = {
      "Seed of the tuner's and the sampler's random choices, for reproducible runs; 0 seeds the tuner from the clock.",
      &hak_config.tune_seed, 0, (long)1 << 40, {0}},
     {"HAKMEM_STATS", OPT_CHOICE, "0",
-     "Print the statistics report on stderr at exit: 1 as text, json as one JSON object. The report goes to a copy of stderr taken at start-up, so that a program that closes stderr still gets it, and never into a file the program opened on that descriptor.",
-     &hak_config.stats, 0, 0, {"0", "1", "json", NULL}},
+     "Print the report on stderr at exit: 1 as text, json as one JSON object, pprof as a heap profile in the text format google-pprof reads, folded as folded stacks for flame graphs (one line per stack: frames from the outermost, separated by ';', then the bytes allocated). The report goes to a copy of stderr taken at start-up, so that a program that closes stderr still gets it, and never into a file the program opened on that descriptor.",
+     &hak_config.stats, 0, 0, {"0", "1", "json", "pprof", "folded", NULL}},
     {"HAKMEM_PROFILE_FILE", OPT_STRING, "",
-     "Write the report at exit to this file instead of stderr (as text, or as JSON with HAKMEM_STATS=json), which also asks for it: %p in the path becomes the process's id and %e its program's name, so that every process of a command (children, programs it runs) writes its own; %% is a %.",
+     "Write the report at exit to this file instead of stderr (in the format HAKMEM_STATS names, text if it names none), which also asks for it: %p in the path becomes the process's id and %e its program's name, so that every process of a command (children, programs it runs) writes its own; %% is a %.",
      hak_config.profile_file, 0, sizeof hak_config.profile_file, {0}},
     {"HAKMEM_VERBOSE", OPT_BOOL, "0",
      "Log decisions (SuperSlab maps and unmaps, purges, orphaned heaps) on stderr.",
@@ -125,7 +131,8 @@ static bool parse_number(const char *s, bool suffixes, long *out)
             return false;
     }
     if (suffixes && *s) {
-        unsigned shift = *s == 'K' || *s == 'k' ? 10 : *s == 'M' || *s == 'm' ? 20 : *s == 'G' || *s == 'g' ? 30 : 0;
+        unsigned shift = *s == 'K' || *s == 'k' ? 10 : *s == 'M' || *s == 'm' ? 20 : *s == 'G' || *s == 'g' ? 30
+                   : *s == 'T' || *s == 't' ? 40 : 0;
         if (!shift)
             return false;
         s++;

@@ -412,6 +412,12 @@ int os_create(const char *path)
     return fd < 0 ? -1 : fd;
 }
 
+int os_open_read(const char *path) { return (int)syscall(SYS_openat, AT_FDCWD, path, O_RDONLY | O_CLOEXEC); }
+
+long os_read(int fd, void *buf, size_t size) { return (long)syscall(SYS_read, fd, buf, size); }
+
+void os_close(int fd) { syscall(SYS_close, fd); }
+
 int os_pid(void) { return (int)syscall(SYS_getpid); }
 int os_parent_pid(void) { return (int)syscall(SYS_getppid); }
 const char *os_program_name(void) { return program_invocation_short_name; }

@@ -83,6 +83,9 @@ typedef struct os_file_id {
 } os_file_id_t;
 int os_dup(int fd, int min_fd);
 int os_create(const char *path); /* a new or emptied file to write, closed on exec; -1 and errno if not */
+int os_open_read(const char *path); /* -1 if it cannot be opened */
+long os_read(int fd, void *buf, size_t size);
+void os_close(int fd);
 long os_files_limit(void);
 bool os_file_id(int fd, os_file_id_t *id);
 void os_membarrier_init(void);

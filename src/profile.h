@@ -1,5 +1,5 @@
 /* Layer 7, the profiler and the tuner: sampled allocations (sample.c),
- * the call-site table (site.c), latency and lifetime histograms
+ * their call stacks (stack.c), the call-site table (site.c), latency and lifetime histograms
  * (kpi.c), the UCB1 tuner of the large threshold (learn.c). The tiers
  * reach them only through hooks.h. */
 #ifndef HAKMEM_PROFILE_H
@@ -10,15 +10,17 @@
 #include "large.h"
 
 /* sample.c: the sampled allocation path, the sample arena and the records
- * of samples in the page arenas. */
+ * of samples in the page arenas and the large tier. Weights: the
+ * allocations a sample stands for (1 / the chance it had to be sampled). */
 void sample_heap_init(heap_t *heap);
-uint32_t sample_interval_end(heap_t *heap);
-void *sample_take(heap_t *heap, unsigned c, void *b, size_t size, uintptr_t site, uint32_t weight, uint64_t ticks);
+float sample_interval_end(heap_t *heap, size_t size);
+void *sample_take(heap_t *heap, unsigned c, void *b, size_t size, uintptr_t site, float weight, uint64_t ticks);
 void *sample_fast_hit(heap_t *heap, unsigned c, void *b, size_t size, uintptr_t site);
 void *sample_take_arena(heap_t *heap, size_t size, size_t align, uintptr_t site, bool zero);
+uint32_t sample_large(size_t size, uintptr_t site);
 void sample_free(void *p, const char *op);
-void sample_arena_freed(uint32_t record);
-void sample_arena_resized(uint32_t record, size_t size);
+void sample_freed(uint32_t record);
+void sample_resized(uint32_t record, size_t size);
 size_t sample_usable_size(const void *p, const char *op);
 bool sample_owns(const void *p);
 void sample_collect(void);
@@ -26,11 +28,47 @@ void sample_fork_prepare(void);
 void sample_fork_parent(void);
 void sample_fork_child(void);
 
-/* site.c: the call-site table. Returns the site's index (or the shared
- * overflow bucket's). */
-unsigned site_record_alloc(uintptr_t site, size_t size, uint32_t weight, bool tracked);
-void site_record_free(unsigned index, size_t size, uint32_t weight, uint64_t born); /* born 0: no lifetime */
-void site_record_resize(unsigned index, size_t old_size, size_t new_size, uint32_t weight);
+/* stack.c: the stack table. An entry's counts are estimates: sums of
+ * the weights of its samples (times their sizes for bytes). */
+#define STACK_DEPTH_MAX 64     /* HAKMEM_PROFILE_DEPTH's bound */
+#define STACK_NONE UINT32_MAX  /* no entry: the table could not be mapped */
+
+typedef struct stack_entry {
+    uint64_t hash;
+    uint32_t frames;   /* its first frame in the frame pool (or a copy's) */
+    uint32_t depth;    /* frames: the call site first, then its callers */
+    double allocs, bytes, live_objects, live_bytes;
+    uint64_t samples, frees;
+    size_t min_size, max_size; /* of its samples */
+} stack_entry_t;
+
+typedef struct stack_totals {
+    double allocs, bytes, live_bytes;
+    uint64_t samples;
+    size_t min_size, max_size;
+} stack_totals_t;
+
+uint32_t stack_sample(uintptr_t site, size_t size, float weight);
+void stack_untracked(uint32_t i, size_t size, float weight); /* a sample whose free will not be seen */
+void stack_pause(bool pause);
+uintptr_t stack_freed(uint32_t i, size_t size, float weight); /* returns the stack's call site, or 0 */
+void stack_resized(uint32_t i, size_t old_size, size_t size, float weight);
+void stack_table_size(size_t *entries, size_t *frames);
+size_t stack_table_copy(stack_entry_t *entries, size_t max_entries, uintptr_t *frames, size_t max_frames);
+void stack_sum_by_site(stack_totals_t *totals, size_t sites, unsigned (*index_of)(uintptr_t site));
+void stack_fork_prepare(void);
+void stack_fork_parent(void);
+void stack_fork_child(void);
+
+/* unwind.c: the calling thread's return addresses from site on. */
+unsigned unwind_from(uintptr_t site, uintptr_t *frames, unsigned max);
+void unwind_fork_prepare(void);
+void unwind_fork_parent(void);
+void unwind_fork_child(void);
+
+/* site.c: the call-site table: the per-site rules and lifetimes. Returns
+ * the site's index (or the shared overflow bucket's). */
+void site_record_lifetime(unsigned index, uint64_t born); /* born 0: none */
 unsigned site_record_large(uintptr_t site, size_t size, bool bigcache_hit, uint32_t *rules);
 void site_record_touched(unsigned index, size_t resident, size_t size);
 bool site_wants_touch(unsigned index);
@@ -40,7 +78,7 @@ bool site_outgrew_arena(uintptr_t site);
 
 /* kpi.c */
 void kpi_init(void);
-void kpi_record_latency(uint64_t ticks, uint64_t weight);
+void kpi_record_latency(uint64_t ticks, float weight);
 double kpi_ns_per_tick(bool may_wait); /* may_wait: sleep until 20 ms after init */
 void kpi_window_counters(uint64_t *latency_ticks, uint64_t *allocations);
 bool kpi_large_call(void); /* counts it; true for the one in KPI_LARGE_TIMING that is timed */

@@ -1,10 +1,11 @@
 /* The report: memory per tier, RSS and page faults, latency percentiles,
- * the tuner's arms, the top call sites by bytes and by count (named with
- * dladdr) and the site rules; as text (hak_stats_print, HAKMEM_STATS=1)
- * or as one JSON object (hak_stats_print_json, HAKMEM_STATS=json); and
- * the memory alone as glibc's malloc_info document. */
+ * the tuner's arms, the heap profile's top call sites by bytes and by
+ * count (profile_report.c) and the site rules; as text (hak_stats_print,
+ * HAKMEM_STATS=1) or as one JSON object (hak_stats_print_json,
+ * HAKMEM_STATS=json); the heap profile alone for pprof or as folded
+ * stacks; and the memory alone as glibc's malloc_info document. */
 #define _GNU_SOURCE
-#include "alloc.h"
+#include "report.h"
 #include "init.h"
 #include "hakmem.h"
 
@@ -14,7 +15,6 @@
 #include <string.h>
 #include <unistd.h>
 
-#define TOP_SITES 10
 #define MAX_SITES 1025 /* the site table and its overflow bucket */
 
 static double mib(size_t bytes) { return (double)bytes / (1024.0 * 1024.0); }
@@ -23,37 +23,26 @@ typedef struct report {
     hak_stats_t stats;
     hak_kpi_t kpi;
     tuner_t tuner;
-    hak_site_t *sites; /* sorted by bytes, then a copy sorted by count */
-    hak_site_t *by_count;
+    hak_site_t *sites; /* the site table (its rules, lifetimes), NULL if it could not be copied */
     size_t site_count;
+    profile_view_t profile; /* its stacks NULL if they could not be copied */
 } report_t;
 
-static int by_bytes_desc(const void *a, const void *b)
-{
-    uint64_t x = ((const hak_site_t *)a)->bytes, y = ((const hak_site_t *)b)->bytes;
-    return x < y ? 1 : x > y ? -1 : 0;
-}
-
-static int by_count_desc(const void *a, const void *b)
-{
-    uint64_t x = ((const hak_site_t *)a)->allocs, y = ((const hak_site_t *)b)->allocs;
-    return x < y ? 1 : x > y ? -1 : 0;
-}
-
-static bool report_gather(report_t *r)
+static void report_gather(report_t *r)
 {
     hak_stats_get(&r->stats);
     hak_get_kpi(&r->kpi);
     learn_snapshot(&r->tuner);
-    r->sites = hak_alloc(2 * MAX_SITES * sizeof(hak_site_t), 0); /* site 0: not tracked */
-    if (!r->sites)
-        return false;
-    r->by_count = r->sites + MAX_SITES;
-    r->site_count = hak_sites_get(r->sites, MAX_SITES);
-    qsort(r->sites, r->site_count, sizeof(hak_site_t), by_bytes_desc);
-    memcpy(r->by_count, r->sites, r->site_count * sizeof(hak_site_t));
-    qsort(r->by_count, r->site_count, sizeof(hak_site_t), by_count_desc);
-    return true;
+    r->sites = hak_alloc(MAX_SITES * sizeof(hak_site_t), 0); /* site 0: not tracked */
+    r->site_count = r->sites ? hak_sites_get(r->sites, MAX_SITES) : 0;
+    profile_view_open(&r->profile);
+}
+
+static void report_release(report_t *r)
+{
+    if (r->sites)
+        hak_free_checked(r->sites, "free");
+    profile_view_close(&r->profile);
 }
 
 /* "symbol+0x1f (module)", or "module+0x1234" when the symbol is not
@@ -145,35 +134,12 @@ static void print_tuner(FILE *out, const tuner_t *t)
                 tuner_mean_reward(t, a), a == t->current ? "  <- chosen" : "");
 }
 
-static void print_site(FILE *out, const hak_site_t *s)
+static void print_sites(FILE *out, report_t *r)
 {
-    char name[256];
-    site_name(s->address, name, sizeof name);
-    fprintf(out, "    %12llu %10.2f %10.2f  %7zu..%-8zu", (unsigned long long)s->allocs, mib(s->bytes),
-            mib(s->live_bytes), s->min_size, s->max_size);
-    if (s->lifetimes)
-        fprintf(out, " %10.3g", s->lifetime_median_ns / 1e3);
-    else
-        fprintf(out, " %10s", "-");
-    fprintf(out, "  %s\n", name);
-}
-
-static void print_sites(FILE *out, const report_t *r)
-{
-    static const char *const header =
-        "           allocs    MiB    live MiB  size range         life us  site\n";
-    size_t top = r->site_count < TOP_SITES ? r->site_count : TOP_SITES;
-    fprintf(out, "  top call sites by bytes (%zu sites; slab sizes estimated from samples, life: median)\n",
-            r->site_count);
-    fputs(header, out);
-    for (size_t i = 0; i < top; i++)
-        print_site(out, &r->sites[i]);
-    fprintf(out, "  top call sites by count\n");
-    fputs(header, out);
-    for (size_t i = 0; i < top; i++)
-        print_site(out, &r->by_count[i]);
+    if (r->profile.stacks)
+        profile_print_sites(out, &r->profile);
     bool any_rule = false;
-    for (size_t i = 0; i < r->site_count; i++) {
+    for (size_t i = 0; r->sites && i < r->site_count; i++) {
         const hak_site_t *s = &r->sites[i];
         if (!s->no_bigcache && !s->prewarm && !s->outgrew_arena)
             continue;
@@ -198,7 +164,7 @@ static void print_sites(FILE *out, const report_t *r)
 HAK_EXPORT void hak_stats_print(FILE *out)
 {
     report_t r;
-    bool sites = report_gather(&r);
+    report_gather(&r);
     fprintf(out, "hakmem %s report\n", HAKMEM_VERSION);
     fprintf(out, "  process       pid %d, %s (parent %d)\n", os_pid(), os_program_name(), os_parent_pid());
     if (r.stats.hardened)
@@ -206,27 +172,12 @@ HAK_EXPORT void hak_stats_print(FILE *out)
     print_memory(out, &r.stats);
     print_kpi(out, &r.kpi);
     print_tuner(out, &r.tuner);
-    if (sites)
-        print_sites(out, &r);
+    print_sites(out, &r);
     print_counters(out);
-    hak_free_checked(r.sites, "free");
+    report_release(&r);
 }
 
 /* ---- JSON ------------------------------------------------------------------ */
-
-static void json_string(FILE *out, const char *s)
-{
-    fputc('"', out);
-    for (; *s; s++) {
-        if (*s == '"' || *s == '\\')
-            fprintf(out, "\\%c", *s);
-        else if ((unsigned char)*s < 0x20)
-            fprintf(out, "\\u%04x", (unsigned char)*s);
-        else
-            fputc(*s, out);
-    }
-    fputc('"', out);
-}
 
 static void json_site(FILE *out, const hak_site_t *s)
 {
@@ -247,7 +198,7 @@ static void json_site(FILE *out, const hak_site_t *s)
 HAK_EXPORT void hak_stats_print_json(FILE *out)
 {
     report_t r;
-    bool sites = report_gather(&r);
+    report_gather(&r);
     const hak_stats_t *s = &r.stats;
     const hak_kpi_t *k = &r.kpi;
     fprintf(out, "{\"version\":\"%s\",\"pid\":%d,\"ppid\":%d,\"program\":", HAKMEM_VERSION, os_pid(), os_parent_pid());
@@ -276,13 +227,39 @@ HAK_EXPORT void hak_stats_print_json(FILE *out)
         fprintf(out, "%s{\"threshold\":%zu,\"windows\":%llu,\"mean_reward\":%.4f}", a ? "," : "",
                 tuner_arm_threshold[a], (unsigned long long)t->trials[a], tuner_mean_reward(t, a));
     fprintf(out, "]},\"sites\":[");
-    for (size_t i = 0; sites && i < r.site_count; i++) {
+    for (size_t i = 0; r.sites && i < r.site_count; i++) {
         if (i)
             fputc(',', out);
         json_site(out, &r.sites[i]);
     }
-    fprintf(out, "]}\n");
-    hak_free_checked(r.sites, "free");
+    fprintf(out, "],");
+    profile_print_json_stacks(out, &r.profile);
+    fprintf(out, "}\n");
+    report_release(&r);
+}
+
+/* The heap profile alone, in pprof's or the folded format. */
+static void print_profile(FILE *out, int format)
+{
+    profile_view_t v;
+    if (!profile_view_open(&v))
+        return;
+    if (format == STATS_PPROF)
+        profile_print_pprof(out, &v);
+    else
+        profile_print_folded(out, &v);
+    profile_view_close(&v);
+}
+
+/* The report in one of HAKMEM_STATS's formats (STATS_OFF: text). */
+static void print_report(FILE *out, int format)
+{
+    if (format == STATS_JSON)
+        hak_stats_print_json(out);
+    else if (format == STATS_PPROF || format == STATS_FOLDED)
+        print_profile(out, format);
+    else
+        hak_stats_print(out);
 }
 
 /* malloc_info's document: glibc's root and the elements glibc has, with
@@ -398,13 +375,39 @@ __attribute__((destructor)) static void report_at_exit(void)
 {
     if ((hak_config.stats == STATS_OFF && !hak_config.profile_file[0]) || atomic_load(&hak_init_state) != 2)
         return;
+    stack_pause(true);
     int fd = report_open();
     FILE *out = fd >= 0 ? fdopen(fd, "w") : NULL;
     if (out) {
-        if (hak_config.stats == STATS_JSON)
-            hak_stats_print_json(out);
-        else
-            hak_stats_print(out);
+        print_report(out, hak_config.stats);
         fclose(out);
     }
+    stack_pause(false);
+}
+
+/* The report now, into a file: format "text", "json", "pprof" or
+ * "folded", NULL for HAKMEM_STATS's (text if it names none). */
+HAK_EXPORT int hak_profile_dump(const char *path, const char *format)
+{
+    static const char *const formats[] = {"text", "text", "json", "pprof", "folded"};
+    int f = hak_config.stats;
+    if (format) {
+        for (f = STATS_FOLDED; f > STATS_OFF && strcmp(format, formats[f]) != 0; f--)
+            ;
+        if (f == STATS_OFF) {
+            errno = EINVAL;
+            return -1;
+        }
+    }
+    hak_ensure_init();
+    int fd = os_create(path);
+    if (fd < 0)
+        return -1;
+    stack_pause(true);
+    FILE *out = fdopen(fd, "w");
+    if (out)
+        print_report(out, f);
+    int closed = out ? fclose(out) : (os_close(fd), -1);
+    stack_pause(false);
+    return closed == 0 ? 0 : -1;
 }

@@ -1,22 +1,32 @@
-/* Sampled allocations. Each thread counts its allocations up to the large
- * threshold down from a random interval (mean HAKMEM_PROFILE_SAMPLE); the
- * allocation that reaches zero is timed for the latency KPIs, charged to
- * its call site with the weight of the interval (the allocations it stands
- * for), and served from a place whose free is seen without any check on
- * the free fast path:
+/* Sampled allocations. Each thread counts the bytes it allocates down
+ * from an interval drawn from the exponential distribution of mean
+ * HAKMEM_PROFILE_SAMPLE: the allocation that takes the count to zero or
+ * below is sampled. The sample points so fall as a Poisson process on the
+ * bytes allocated, and an allocation of s bytes is sampled with chance
+ * 1 - exp(-s / mean) whatever came before it: each sample stands for
+ * 1 / that chance allocations like it (its weight), the unbiased
+ * estimate tcmalloc and jemalloc use; an allocation as large as the mean
+ * is sampled 63% of the time, one of five times the mean 99.3%. With
+ * HAKMEM_PROFILE_SAMPLE=1 every allocation is sampled, with weight 1.
+ *
+ * A sample is timed for the latency KPIs, charged to its call stack
+ * (stack.c) and, but for large blocks, served from a place whose free is
+ * seen without any check on the free fast path:
  *
  *  - tiny sizes from the sample arena: 2 MiB chunks marked SEG_SAMPLED in
  *    the segment map, so that free takes its slow path, each of slots of
  *    one size, 64, 256 or 1024 bytes: a sample takes the smallest that
  *    holds its class (with 1 KiB slots for all, the samples of a million
- *    16 B blocks added 1.6% to their RSS); each slot records its site,
- *    size and birth (for lifetimes);
+ *    16 B blocks added 1.6% to their RSS); each slot records its stack,
+ *    size, weight and birth (for lifetimes);
  *  - larger sizes, up to the large threshold, from the page arenas: the
  *    block's head entry in its arena's map is flagged (the thread fronts
  *    never take it) and points to the sample's record in a table here.
  *    Served by the large tier, as they were, each sample cost a mapping's
  *    faults and an munmap (bench mid at two threads: 158 M ops/s against
- *    250 without profiling, measured at 3f67a08).
+ *    250 without profiling, measured at 3f67a08);
+ *  - large blocks stay where they are, their header holding the record's
+ *    index.
  *
  * The block a slab-sized allocation took goes back to the cache. */
 #include "profile.h"
@@ -35,11 +45,13 @@ _Static_assert(TINY_MAX == 1 << (ARENA_MIN_SLOT_SHIFT + 2 * (ARENA_SLOT_KINDS - 
 /* A sample's record: a slot's in the sample arena, or a page-arena
  * block's in the record table. */
 typedef struct sample_record {
-    uint64_t born;   /* hak_ticks() at allocation */
-    uint32_t size;   /* asked for (0 is a size too) */
-    uint32_t weight; /* allocations the sample stands for (at least 1); 0 while free */
-    uint32_t site;   /* site table index */
-    uint32_t next;   /* next free one, 0 for none */
+    uint64_t born;   /* hak_ticks() at allocation, 0: no lifetime to record */
+    size_t size;     /* asked for (0 is a size too) */
+    float weight;    /* allocations the sample stands for (at least 1); 0 while free */
+    union {
+        uint32_t stack; /* its stack table entry, while live */
+        uint32_t next;  /* the next free record, 0 for none, while free */
+    };
 } sample_record_t;
 
 /* The header takes the first slots. Descriptors are for the slots after
@@ -62,21 +74,79 @@ static arena_chunk_t *arena_chunks[ARENA_SLOT_KINDS]; /* by slot size */
 
 /* ---- sampling intervals ---------------------------------------------------- */
 
-static long next_interval(heap_t *heap)
+#define LN2 0.69314718055994530942
+
+/* The natural logarithm of x in (0, 1], to a few parts in 10^8 (no libm:
+ * hakmem links nothing but libc): x = m 2^e with m in [0.7, 1.4],
+ * ln m = 2 atanh(t), t = (m - 1) / (m + 1), |t| < 0.18, by five terms of
+ * its series. */
+static double log_of(double x)
+{
+    uint64_t bits;
+    memcpy(&bits, &x, sizeof bits);
+    int e = (int)((bits >> 52) & 0x7ff) - 1023;
+    bits = (bits & 0xfffffffffffffull) | 0x3ff0000000000000ull;
+    double m;
+    memcpy(&m, &bits, sizeof m);
+    if (m > 1.4142135623730951)
+        m /= 2, e++;
+    double t = (m - 1) / (m + 1), t2 = t * t;
+    return 2 * t * (1 + t2 * (1.0 / 3 + t2 * (1.0 / 5 + t2 * (1.0 / 7 + t2 / 9)))) + e * LN2;
+}
+
+/* 1 - exp(-x) for x >= 0, without the cancellation of 1 - exp(-x) for
+ * small x: exp(-x) = 2^-k exp(-r), r in [0, ln 2), by Horner's form of
+ * its series (12 terms: within 10^-12). */
+static double one_minus_exp_neg(double x)
+{
+    if (x < 1e-3) /* x - x^2/2 + x^3/6: within 10^-13 */
+        return x * (1 - x / 2 * (1 - x / 3));
+    if (x > 40)
+        return 1;
+    int k = (int)(x / LN2);
+    double r = -(x - k * LN2), e = 1;
+    for (int n = 12; n > 0; n--)
+        e = 1 + r * e / n;
+    return 1 - e / (double)((uint64_t)1 << k);
+}
+
+/* Bytes to the next sample point, a draw from the exponential
+ * distribution (rounded up: an allocation of s bytes is then sampled when
+ * the draw is at most s); 0 samples every allocation. */
+static long next_interval(uint64_t *rng)
 {
     if (!hak_config.profile)
         return LONG_MAX;
-    long mean = hak_config.profile_sample;
-    return mean / 2 + 1 + (long)(xorshift64(&heap->sample_rng) % (uint64_t)mean);
+    if (hak_config.profile_sample <= 1)
+        return 0;
+    double u = (double)((xorshift64(rng) >> 11) + 1) * 0x1p-53; /* (0, 1] */
+    double bytes = -log_of(u) * (double)hak_config.profile_sample;
+    return bytes < 0x1p62 ? (long)bytes + 1 : LONG_MAX;
 }
 
 /* A heap taken by a thread (new, or one an exited thread left). */
 void sample_heap_init(heap_t *heap)
 {
-    heap->sampled_allocs += (uint64_t)(heap->sample_interval - heap->sample_left);
     if (!heap->sample_rng)
         heap->sample_rng = (((uint64_t)(uintptr_t)heap * 0x9e3779b97f4a7c15ull) ^ (uint64_t)hak_config.tune_seed) | 1;
-    heap->sample_left = heap->sample_interval = next_interval(heap);
+    heap->sample_left = next_interval(&heap->sample_rng);
+}
+
+/* The weight of a sample of size bytes: 1 / the chance of its sampling. */
+static float sample_weight(size_t size)
+{
+    if (hak_config.profile_sample <= 1)
+        return 1;
+    double chance = one_minus_exp_neg((double)size / (double)hak_config.profile_sample);
+    return chance > 1e-12 ? (float)(1 / chance) : (float)hak_config.profile_sample;
+}
+
+/* The countdown reached zero at an allocation of size bytes: the next
+ * interval starts, and the sample's weight is returned. */
+float sample_interval_end(heap_t *heap, size_t size)
+{
+    heap->sample_left = next_interval(&heap->sample_rng);
+    return sample_weight(size);
 }
 
 /* ---- the arena ---------------------------------------------------------------- */
@@ -115,7 +185,7 @@ static arena_chunk_t *arena_chunk_new(unsigned kind)
     return a;
 }
 
-static void *slot_alloc(unsigned c, size_t size, uint32_t weight, unsigned site, uint64_t born)
+static void *slot_alloc(unsigned c, size_t size, float weight, uint32_t stack, uint64_t born)
 {
     unsigned kind = slot_kind_of(c);
     pthread_mutex_lock(&sample_lock);
@@ -131,7 +201,7 @@ static void *slot_alloc(unsigned c, size_t size, uint32_t weight, unsigned site,
         a->free_head = slot_of(a, i)->next;
     else
         i = a->carved++;
-    *slot_of(a, i) = (sample_record_t){.born = born, .size = (uint32_t)size, .weight = weight, .site = site};
+    *slot_of(a, i) = (sample_record_t){.born = born, .size = size, .weight = weight, .stack = stack};
     a->live++;
     pthread_mutex_unlock(&sample_lock);
     return slot_address(a, i);
@@ -166,6 +236,15 @@ static sample_record_t *slot_checked(const void *p, const char **fault)
     return slot_of(a, i);
 }
 
+/* A sample's record, as it was when its block was freed. A large block's
+ * (born 0) is the large tier's to record at the site. */
+static void sample_died(const sample_record_t *was)
+{
+    uintptr_t site = stack_freed(was->stack, was->size, was->weight);
+    if (site && was->born)
+        site_record_lifetime(site_index_of(site), was->born);
+}
+
 void sample_free(void *p, const char *op)
 {
     const char *fault = NULL;
@@ -185,7 +264,7 @@ void sample_free(void *p, const char *op)
         hak_report_bad_pointer(op, p, fault);
         return;
     }
-    site_record_free(was.site, was.size, was.weight, was.born);
+    sample_died(&was);
 }
 
 /* The usable size a slab block of the same request would have. */
@@ -249,7 +328,7 @@ static bool records_grow(void)
 }
 
 /* A new record's index, or 0 if the table cannot grow. */
-static uint32_t record_new(unsigned site, size_t size, uint32_t weight, uint64_t born)
+static uint32_t record_new(uint32_t stack, size_t size, float weight, uint64_t born)
 {
     pthread_mutex_lock(&sample_lock);
     uint32_t i = records_free;
@@ -258,15 +337,15 @@ static uint32_t record_new(unsigned site, size_t size, uint32_t weight, uint64_t
     else if (records_carved < records_capacity || records_grow())
         i = records_carved++;
     if (i) {
-        records[i] = (sample_record_t){.born = born, .size = (uint32_t)size, .weight = weight, .site = site};
+        records[i] = (sample_record_t){.born = born, .size = size, .weight = weight, .stack = stack};
         records_live++;
     }
     pthread_mutex_unlock(&sample_lock);
     return i;
 }
 
-/* The sample whose record this is was freed (arena_free). */
-void sample_arena_freed(uint32_t record)
+/* The sample whose record this is was freed (arena_free, large_free). */
+void sample_freed(uint32_t record)
 {
     pthread_mutex_lock(&sample_lock);
     sample_record_t was = records[record];
@@ -274,29 +353,68 @@ void sample_arena_freed(uint32_t record)
     records_free = record;
     records_live--;
     pthread_mutex_unlock(&sample_lock);
-    site_record_free(was.site, was.size, was.weight, was.born);
+    sample_died(&was);
 }
 
-/* The sample whose record this is holds `size` bytes now (arena_realloc_in_place). */
-void sample_arena_resized(uint32_t record, size_t size)
+/* The sample whose record this is holds `size` bytes now (arena_realloc_in_place,
+ * a large block's realloc in place). */
+void sample_resized(uint32_t record, size_t size)
 {
     pthread_mutex_lock(&sample_lock);
     sample_record_t was = records[record];
-    records[record].size = (uint32_t)size;
+    records[record].size = size;
     pthread_mutex_unlock(&sample_lock);
-    site_record_resize(was.site, was.size, size, was.weight);
+    stack_resized(was.stack, was.size, size, was.weight);
 }
 
 /* p (NULL where the arenas had no block) becomes a sample, charged to
- * site: its record is filled and its index put in the block's head entry.
- * False if it could not be (the record table full). */
-static bool sample_in_arena(void *p, size_t size, uintptr_t site, uint32_t weight)
+ * site's stack: its record is filled and its index put in the block's
+ * head entry. False if it could not be (the record table full). */
+static bool sample_in_arena(void *p, size_t size, uintptr_t site, float weight)
 {
-    uint32_t record = p ? record_new(site_index_of(site), size, weight, hak_ticks()) : 0;
-    site_record_alloc(site, size, weight, record != 0);
+    uint32_t stack = stack_sample(site, size, weight);
+    uint32_t record = p ? record_new(stack, size, weight, hak_ticks()) : 0;
+    if (!record)
+        stack_untracked(stack, size, weight);
     if (record)
         arena_mark_sampled(p, record);
     return record != 0;
+}
+
+/* A large block of size bytes about to be handed out: counted down as
+ * the slab sizes are; if it is a sample, its record's index, else 0. Its
+ * lifetime is the large tier's to record (timed calls only). A thread
+ * without a heap (it allocated nothing smaller yet) counts down on a
+ * countdown of its own, with no lock: a program of large blocks only
+ * would otherwise lock at every call (locked_instructions). */
+uint32_t sample_large(size_t size, uintptr_t site)
+{
+    static HAK_TLS long heapless_left;
+    static HAK_TLS uint64_t heapless_rng;
+    if (!site) /* hakmem's own (site 0: never tracked) */
+        return 0;
+    heap_t *heap = heap_get();
+    float weight = 0;
+    if (heap != &hak_empty_heap) {
+        if ((heap->sample_left -= (long)size) <= 0)
+            weight = sample_interval_end(heap, size);
+    } else {
+        if (!heapless_rng) {
+            heapless_rng = ((uint64_t)(uintptr_t)&heapless_rng * 0x9e3779b97f4a7c15ull ^ (uint64_t)hak_config.tune_seed) | 1;
+            heapless_left = next_interval(&heapless_rng);
+        }
+        if ((heapless_left -= (long)size) <= 0) {
+            heapless_left = next_interval(&heapless_rng);
+            weight = sample_weight(size);
+        }
+    }
+    if (!weight)
+        return 0;
+    uint32_t stack = stack_sample(site, size, weight);
+    uint32_t record = record_new(stack, size, weight, 0);
+    if (!record)
+        stack_untracked(stack, size, weight);
+    return record;
 }
 
 /* Chunks with no live slot go back to the OS, and the record table if no
@@ -324,9 +442,23 @@ void sample_collect(void)
     pthread_mutex_unlock(&sample_lock);
 }
 
-void sample_fork_prepare(void) { pthread_mutex_lock(&sample_lock); }
-void sample_fork_parent(void) { pthread_mutex_unlock(&sample_lock); }
-void sample_fork_child(void) { pthread_mutex_unlock(&sample_lock); }
+void sample_fork_prepare(void)
+{
+    pthread_mutex_lock(&sample_lock);
+    stack_fork_prepare();
+}
+
+void sample_fork_parent(void)
+{
+    stack_fork_parent();
+    pthread_mutex_unlock(&sample_lock);
+}
+
+void sample_fork_child(void)
+{
+    stack_fork_child();
+    pthread_mutex_unlock(&sample_lock);
+}
 
 /* ---- the sampled allocation ------------------------------------------------- */
 
@@ -338,21 +470,11 @@ static size_t class_alignment(unsigned c)
     return align > SLAB_PAGE_SIZE ? SLAB_PAGE_SIZE : align;
 }
 
-/* The sampling interval ends: the allocations the sample stands for (at
- * least 1, since the countdown reached 0). */
-uint32_t sample_interval_end(heap_t *heap)
-{
-    uint32_t weight = (uint32_t)(heap->sample_interval - heap->sample_left);
-    heap->sampled_allocs += weight;
-    heap->sample_left = heap->sample_interval = next_interval(heap);
-    return weight;
-}
-
 /* b: the block the allocation took from the cache (of cur[c]); weight:
  * what sample_interval_end returned when the countdown reached 0; ticks:
  * what taking it cost. Site 0 asks for no tracking (aligned requests that
  * will be offset inside the block). */
-void *sample_take(heap_t *heap, unsigned c, void *b, size_t size, uintptr_t site, uint32_t weight, uint64_t ticks)
+void *sample_take(heap_t *heap, unsigned c, void *b, size_t size, uintptr_t site, float weight, uint64_t ticks)
 {
     hak_assert(weight > 0); /* 0 marks a free record */
     if (!hak_config.profile)
@@ -363,8 +485,10 @@ void *sample_take(heap_t *heap, unsigned c, void *b, size_t size, uintptr_t site
         return b;
     void *tracked;
     if (class_is_tiny(c)) {
-        tracked = slot_alloc(c, size, weight, site_index_of(site), hak_ticks());
-        site_record_alloc(site, size, weight, tracked != NULL);
+        uint32_t stack = stack_sample(site, size, weight);
+        tracked = slot_alloc(c, size, weight, stack, hak_ticks());
+        if (!tracked)
+            stack_untracked(stack, size, weight);
     } else {
         tracked = arena_alloc(size, class_alignment(c), heap->arena_lane, false);
         if (!sample_in_arena(tracked, size, site, weight) && tracked) {
@@ -391,7 +515,7 @@ void *sample_fast_hit(heap_t *heap, unsigned c, void *b, size_t size, uintptr_t 
 {
     if (HAK_SECURE && unlikely(heap->corrupt_link))
         hak_free_list_corrupt(heap->corrupt_link);
-    uint32_t weight = sample_interval_end(heap);
+    float weight = sample_interval_end(heap, size);
     uint64_t start = hak_ticks();
     block_link(b, heap->cache[c]);
     heap->cache[c] = b;
@@ -407,7 +531,7 @@ void *sample_fast_hit(heap_t *heap, unsigned c, void *b, size_t size, uintptr_t 
  * sample. */
 void *sample_take_arena(heap_t *heap, size_t size, size_t align, uintptr_t site, bool zero)
 {
-    uint32_t weight = sample_interval_end(heap);
+    float weight = sample_interval_end(heap, size);
     uint64_t start = hak_ticks();
     void *p = align ? NULL : arena_front_take(heap, size);
     if (p && zero)

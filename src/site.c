@@ -1,7 +1,7 @@
-/* The call-site table: per return address of a malloc-family call, what it
- * allocated (estimated from samples for slab sizes, exact for large
- * blocks), what is still live, the size range and sampled lifetimes; and
- * the per-site rules drawn from it (HAKMEM_SITE_RULES).
+/* The call-site table: per return address of a malloc-family call, the
+ * sampled lifetimes of its blocks, its large calls and BigCache hits, and
+ * the per-site rules drawn from them (HAKMEM_SITE_RULES). What a site
+ * allocated is its stacks' (stack.c), added up by hak_sites_get.
  *
  * Lock-free and bounded: an entry is claimed by a CAS on its address field
  * within SITE_PROBES slots of the hash; when they are all taken the site
@@ -27,7 +27,6 @@
 typedef struct site_entry {
     _Atomic uintptr_t addr; /* 0 while free */
     _Atomic uint64_t counts[SITE_COUNTS]; /* enum site_count, beside those threads still hold */
-    _Atomic size_t min_size, max_size;
     _Atomic uint64_t touch_frees, touch_resident, touch_size;
     _Atomic size_t outgrew_arena;     /* realloc moved a block this big out of a page arena, 0: never */
     _Atomic uint32_t rules;           /* enum site_rule */
@@ -56,22 +55,6 @@ unsigned site_index_of(uintptr_t site)
     }
     atomic_store_explicit(&sites[SITE_OVERFLOW].addr, SITE_OVERFLOW_ADDR, memory_order_relaxed);
     return SITE_OVERFLOW;
-}
-
-/* min_size 0: none recorded yet. */
-static void atomic_min_size(_Atomic size_t *v, size_t x)
-{
-    size_t cur = atomic_load_explicit(v, memory_order_relaxed);
-    while ((x < cur || cur == 0) && !atomic_compare_exchange_weak_explicit(v, &cur, x, memory_order_relaxed,
-                                                                             memory_order_relaxed))
-        ;
-}
-
-static void atomic_max_size(_Atomic size_t *v, size_t x)
-{
-    size_t cur = atomic_load_explicit(v, memory_order_relaxed);
-    while (x > cur && !atomic_compare_exchange_weak_explicit(v, &cur, x, memory_order_relaxed, memory_order_relaxed))
-        ;
 }
 
 /* ---- The recording thread's counts ---- */
@@ -138,40 +121,15 @@ static heap_profile_t *profile_of_site(uintptr_t site, unsigned *index)
     return profile_of(*index, site);
 }
 
-static void record_alloc(heap_profile_t *p, unsigned i, size_t size, uint32_t weight, bool tracked)
+/* A sample's free, or a large block's: counted, and where the block's
+ * birth was timed (born), its lifetime learnt. */
+void site_record_lifetime(unsigned index, uint64_t born)
 {
-    count(p, i, SITE_ALLOCS, weight);
-    count(p, i, SITE_BYTES, (uint64_t)size * weight);
-    count(p, i, SITE_SAMPLES, 1);
-    if (tracked)
-        count(p, i, SITE_LIVE_BYTES, (uint64_t)size * weight);
-    atomic_min_size(&sites[i].min_size, size);
-    atomic_max_size(&sites[i].max_size, size);
-}
-
-unsigned site_record_alloc(uintptr_t site, size_t size, uint32_t weight, bool tracked)
-{
-    unsigned i;
-    heap_profile_t *p = profile_of_site(site, &i);
-    record_alloc(p, i, size, weight, tracked);
-    return i;
-}
-
-void site_record_free(unsigned index, size_t size, uint32_t weight, uint64_t born)
-{
-    heap_profile_t *p = profile_of_entry(index);
-    count(p, index, SITE_LIVE_BYTES, -(uint64_t)size * weight);
-    count(p, index, SITE_FREES, 1);
+    count(profile_of_entry(index), index, SITE_FREES, 1);
     if (!born)
         return;
     unsigned b = kpi_bucket_of(hak_ticks() - born);
     ADD_UNLOCKED(&sites[index].lifetime_hist[b < LIFETIME_BUCKETS ? b : LIFETIME_BUCKETS - 1], 1);
-}
-
-/* A large block grown or shrunk in place (realloc). */
-void site_record_resize(unsigned index, size_t old_size, size_t new_size, uint32_t weight)
-{
-    count(profile_of_entry(index), index, SITE_LIVE_BYTES, ((uint64_t)new_size - old_size) * weight);
 }
 
 static void rule_set(site_entry_t *e, enum site_rule rule, uint64_t evidence)
@@ -189,15 +147,15 @@ static void rule_set(site_entry_t *e, enum site_rule rule, uint64_t evidence)
 
 static uint32_t site_rules_of(unsigned index) { return atomic_load_explicit(&sites[index].rules, memory_order_relaxed); }
 
-/* A large allocation, recorded as site_record_alloc does, with its
- * BigCache outcome; returns the entry, and the site's rules in *rules. A
+/* A large allocation and its BigCache outcome; returns the entry, and
+ * the site's rules in *rules. A
  * site whose blocks BigCache never serves gets no cache: its freed blocks
  * would only hold memory and push out other sites' blocks. */
 unsigned site_record_large(uintptr_t site, size_t size, bool bigcache_hit, uint32_t *rules)
 {
     unsigned i;
     heap_profile_t *p = profile_of_site(site, &i);
-    record_alloc(p, i, size, 1, true);
+    (void)size;
     count(p, i, SITE_LARGE_ALLOCS, 1);
     if (bigcache_hit)
         count(p, i, SITE_BIGCACHE_HITS, 1);
@@ -288,6 +246,11 @@ HAK_EXPORT size_t hak_sites_get_sized(hak_site_t *out, size_t max, size_t size)
 {
     hak_ensure_init();
     double ns_per_tick = kpi_ns_per_tick(true);
+    size_t totals_size = (SITE_TABLE + 1) * sizeof(stack_totals_t);
+    stack_totals_t *totals = os_map(totals_size);
+    if (!totals)
+        return 0;
+    stack_sum_by_site(totals, SITE_TABLE + 1, site_index_of);
     size_t n = 0;
     for (unsigned i = 0; i <= SITE_TABLE && n < max; i++) {
         const site_entry_t *e = &sites[i];
@@ -296,20 +259,21 @@ HAK_EXPORT size_t hak_sites_get_sized(hak_site_t *out, size_t max, size_t size)
             continue;
         uint64_t counts[SITE_COUNTS];
         counts_of(i, counts);
+        const stack_totals_t *t = &totals[i];
         size_t outgrew = atomic_load_explicit(&e->outgrew_arena, memory_order_relaxed);
-        if (!counts[SITE_SAMPLES] && !outgrew) /* claimed by a lookup, never recorded */
+        if (!t->samples && !counts[SITE_LARGE_ALLOCS] && !outgrew) /* claimed by a lookup, never recorded */
             continue;
         hak_site_t full = {0}, *s = &full;
         s->address = i == SITE_OVERFLOW ? NULL : (void *)addr;
-        s->allocs = counts[SITE_ALLOCS];
-        s->bytes = counts[SITE_BYTES];
-        s->samples = counts[SITE_SAMPLES];
-        s->live_bytes = (int64_t)counts[SITE_LIVE_BYTES] > 0 ? counts[SITE_LIVE_BYTES] : 0;
+        s->allocs = (uint64_t)(t->allocs + 0.5);
+        s->bytes = (uint64_t)(t->bytes + 0.5);
+        s->samples = t->samples;
+        s->live_bytes = t->live_bytes > 0 ? (uint64_t)(t->live_bytes + 0.5) : 0;
         s->lifetimes = counts[SITE_FREES];
         s->large_allocs = counts[SITE_LARGE_ALLOCS];
         s->bigcache_hits = counts[SITE_BIGCACHE_HITS];
-        s->min_size = atomic_load_explicit(&e->min_size, memory_order_relaxed);
-        s->max_size = atomic_load_explicit(&e->max_size, memory_order_relaxed);
+        s->min_size = t->min_size;
+        s->max_size = t->max_size;
         s->lifetime_median_ns = lifetime_median_ns(e, ns_per_tick);
         uint32_t rules = atomic_load_explicit(&e->rules, memory_order_relaxed);
         s->no_bigcache = (rules & RULE_NO_BIGCACHE) != 0;
@@ -319,6 +283,7 @@ HAK_EXPORT size_t hak_sites_get_sized(hak_site_t *out, size_t max, size_t size)
         s->outgrew_arena = outgrew;
         hak_copy_sized((char *)out + n++ * size, size, &full, sizeof full);
     }
+    os_unmap(totals, totals_size);
     return n;
 }
 

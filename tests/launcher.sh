@@ -2,7 +2,8 @@
 # The launcher: `hakmem run` preloads hakmem (the report proves it served
 # the program), keeps the program's output and exit status; `hakmem report`
 # prints the report of every process of the command, labelled, as text or
-# JSON, on stderr or into a file; HAKMEM_PROFILE_FILE names a file per
+# JSON, on stderr or into a file, or their heap profiles as a flame graph,
+# folded stacks or pprof files; HAKMEM_PROFILE_FILE names a file per
 # process.
 # Usage: launcher.sh PATH_TO_HAKMEM_LAUNCHER
 set -u
@@ -40,6 +41,19 @@ check "HAKMEM_PROFILE_FILE: %e and %p name the file, the report names the proces
   "grep -q \"^  process       pid \$(cat '$dir/pid'), python3 \" '$dir/r.python3.'\$(cat '$dir/pid')"
 err=$(HAKMEM_PROFILE_FILE="$dir/no/such/dir/%p" LD_PRELOAD="$lib" "$py" -c 'pass' 2>&1)
 check "HAKMEM_PROFILE_FILE in a missing directory: a warning naming it" "grep -q 'hakmem: warning: cannot write the report to HAKMEM_PROFILE_FILE' <<<\"\$err\""
+# The heap profile: a flame graph, folded stacks, a pprof file per process.
+alloc3='x = [bytearray(3000000) for i in range(5)]'
+HAKMEM_PROFILE_SAMPLE=1 "$hakmem" report --flamegraph "$dir/heap.svg" -- "$py" -c "import subprocess; subprocess.run(['bash', '-c', 'x=\$(printf %0200000d 0)']); $alloc3"
+check "report --flamegraph: an SVG with a tower per program" \
+  "head -n 2 '$dir/heap.svg' | grep -q '^<svg ' && grep -q '<title>python3 (' '$dir/heap.svg' && grep -q '<title>bash (' '$dir/heap.svg' && tail -n 1 '$dir/heap.svg' | grep -q '^</svg>'"
+HAKMEM_PROFILE_SAMPLE=1 "$hakmem" report --folded "$dir/folded" -- "$py" -c "$alloc3"
+check "report --folded: the program's stacks, its 15 MB among them" \
+  "grep -q '^python3;_start;' '$dir/folded' && awk '{ s += \$NF } END { exit !(s >= 15000000) }' '$dir/folded'"
+"$hakmem" report --pprof "$dir/pprof" -- "$py" -c "$alloc3"
+check "report --pprof: a heap profile per process" "head -n 1 '$dir'/pprof/python3.*.heap | grep -q '^heap profile: .* @ heapprofile'"
+if command -v google-pprof >/dev/null; then
+  check "google-pprof reads it" "google-pprof --text --alloc_space \"\$(command -v $py)\" '$dir'/pprof/python3.*.heap 2>/dev/null | grep -q '^Total: '"
+fi
 "$hakmem" report -o "$dir/status" -- sh -c 'exit 5'
 check "report keeps the exit status" "[ $? -eq 5 ]"
 "$hakmem" bogus true 2>/dev/null

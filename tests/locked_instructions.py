@@ -48,7 +48,10 @@ def profile(lib, prog, size, pairs):
     """({offset in the library: count}, {libc lock function: Ir}) of a run."""
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "callgrind.out")
-        env = dict(os.environ, LD_PRELOAD=lib, HAKMEM_PURGE_DELAY_MS="60000")
+        # The common path only: a profiling sample takes locks (the stack
+        # table's, the records'), one interval of HAKMEM_PROFILE_SAMPLE
+        # bytes in, which a run of 2 MiB blocks meets at every other pair.
+        env = dict(os.environ, LD_PRELOAD=lib, HAKMEM_PURGE_DELAY_MS="60000", HAKMEM_PROFILE_SAMPLE="1T")
         run = subprocess.run(["valgrind", "--tool=callgrind", "--dump-instr=yes", f"--callgrind-out-file={out}",
                               prog, str(size), str(pairs)], env=env, capture_output=True, text=True)
         m = re.search(r"malloc from (\S+) at (0x[0-9a-f]+)", run.stdout)

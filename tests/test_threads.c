@@ -389,7 +389,7 @@ static void *allocate_followed_and_exit(void *arg)
 {
     (void)arg;
     for (int i = 0; i < FOLLOWED_BLOCKS; i++)
-        followed_blocks[i] = malloc(ORPHAN_SIZE);
+        followed_blocks[i] = heap_malloc(ORPHAN_SIZE); /* no sample: the first must be the heap's */
     pthread_barrier_wait(&allocated);
     pthread_barrier_wait(&followed_may_exit);
     return NULL;
