@@ -182,6 +182,12 @@ static int groups_by_bytes(const void *a, const void *b)
     return x < y ? 1 : x > y ? -1 : 0;
 }
 
+static int groups_by_live_bytes(const void *a, const void *b)
+{
+    double x = ((const site_group_t *)a)->live_bytes, y = ((const site_group_t *)b)->live_bytes;
+    return x < y ? 1 : x > y ? -1 : 0;
+}
+
 static int groups_by_count(const void *a, const void *b)
 {
     double x = ((const site_group_t *)a)->allocs, y = ((const site_group_t *)b)->allocs;
@@ -286,6 +292,18 @@ void profile_print_sites(FILE *out, profile_view_t *v)
     fputs(header, out);
     qsort(groups, n, sizeof *groups, groups_by_count);
     for (size_t i = 0; i < top; i++)
+        print_group(out, v, &groups[i]);
+    /* The leak view: what is still allocated, by site. At exit, what the
+     * program never freed (or kept to its end on purpose). */
+    qsort(groups, n, sizeof *groups, groups_by_live_bytes);
+    size_t live = 0;
+    while (live < top && groups[live].live_bytes >= 0.5)
+        live++;
+    fprintf(out, "  top call sites by live bytes (still allocated when the report was written%s)\n",
+            live ? "" : ": none");
+    if (live)
+        fputs(header, out);
+    for (size_t i = 0; i < live; i++)
         print_group(out, v, &groups[i]);
     hak_free_checked(groups, "free");
     hak_free_checked(slots, "free");

@@ -510,6 +510,10 @@ static void test_two_sites(void)
     const char *wrapped = strstr(text, "via xmalloc");
     CHECK(wrapped != NULL); /* the site is via_wrapper's call, xmalloc looked through */
     CHECK(by_bytes && strstr(by_bytes, "via_wrapper+") && strstr(by_bytes, "from main+"));
+    /* the leak view: the 64 blocks kept, and nothing else */
+    const char *live = strstr(text, "top call sites by live bytes");
+    const char *live_first = live ? strstr(live, "site_") : NULL;
+    CHECK(live_first && strncmp(live_first, "site_big+", 9) == 0 && !strstr(live_first + 1, "site_small+"));
     free(text);
 
     char path[64];
