@@ -99,8 +99,11 @@ static HAK_NOINLINE void *hak_alloc_arena_slow(size_t size, size_t align, uintpt
      * find (taking another block meanwhile failed test_threads' reuse
      * check, rarely, under load). */
     heap_mid_wait(heap);
-    if (unlikely((heap->sample_left -= (long)size) <= 0))
-        return sample_take_arena(heap, size, align, site, zero);
+    if (unlikely((heap->sample_left -= (long)size) <= 0)) {
+        void *p = sample_take_arena(heap, size, align, site, zero);
+        purger_start_if_wanted(); /* a dump the sample asked for (HAKMEM_PROFILE_PEAK) */
+        return p;
+    }
     uint32_t pages = (uint32_t)((size + ARENA_PAGE - 1) >> ARENA_PAGE_SHIFT);
     if (hak_config.arena_pool && !align && pages >= ARENA_FRONT_MIN_PAGES && pages <= ARENA_FRONT_MAX_PAGES) {
         void *b = arena_pool_take(heap->arena_lane, pages);

@@ -55,7 +55,7 @@ void hak_init_slow(void)
         sizeclass_init();
         options_init();
         kpi_init();
-        purger_init(purge_clients, sizeof purge_clients / sizeof purge_clients[0], heap_caller_busy);
+        purger_init(purge_clients, sizeof purge_clients / sizeof purge_clients[0], heap_caller_busy, report_dump_job);
         os_membarrier_init();
         arena_init();
         heaps_key_init(bigcache_thread_exit);
@@ -71,6 +71,7 @@ void hak_init_slow(void)
         pthread_atfork(sample_fork_prepare, sample_fork_parent, sample_fork_child);
         pthread_atfork(NULL, NULL, learn_fork_child);
         stats_init();
+        report_dumps_init();
         return;
     }
     while (atomic_load_explicit(&hak_init_state, memory_order_acquire) != 2)

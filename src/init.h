@@ -7,6 +7,8 @@
 #include "base.h"
 
 void report_xml(FILE *out); /* malloc_info's document (report.c) */
+void report_dump_job(void);   /* the profile's dumps (report.c), run by the purger's settled job */
+void report_dumps_init(void); /* HAKMEM_PROFILE_SIGNAL's handler */
 
 /* ---- Process init (init.c) --------------------------------------------- */
 

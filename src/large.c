@@ -157,7 +157,10 @@ void *large_alloc(size_t size, size_t align, uintptr_t site)
     uint64_t start = large_call_start();
     bool stale;
     void *p = large_reuse(size, align, site, &stale, start);
-    return p ? p : large_map_polled(size, align, site, start);
+    if (!p)
+        p = large_map_polled(size, align, site, start);
+    purger_start_if_wanted(); /* a dump asked meanwhile (purger_request_job) runs here too */
+    return p;
 }
 
 /* calloc: a reused block is cleared where it may hold old contents; a new

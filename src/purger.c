@@ -46,7 +46,10 @@ static HAK_TLS bool purger_self;      /* this thread is the purger */
 static HAK_TLS bool collecting;       /* this thread runs a purge pass or a collect (purger_collecting) */
 static uint64_t started_ms;           /* when hakmem started in this program */
 static _Atomic bool untold;           /* a young program's frees started no thread */
-_Atomic bool hak_purger_start_wanted; /* deferred until the heap's lists are consistent */
+_Atomic bool hak_purger_start_wanted; /* a start or a job waits until the heap's lists are consistent */
+static _Atomic bool start_deferred;   /* the start waiting */
+static _Atomic bool job_wanted;       /* the settled job waiting (purger_request_job) */
+static void (*settled_job)(void);
 static const purge_client_t *clients; /* the tiers, in the order of a pass */
 static unsigned client_count;
 static bool (*caller_busy)(void);     /* the caller's heap is inside a list update or a mid section */
@@ -195,6 +198,12 @@ void purger_collecting(bool on) { collecting = on; }
  * pthread_create's allocation of a mid size (its TLS vector, with 48
  * modules or more) would end the section's mark while the outer pop still
  * ran, and the thread started could claim the caches under it. */
+static void defer_start(void)
+{
+    atomic_store_explicit(&start_deferred, true, memory_order_relaxed);
+    atomic_store_explicit(&hak_purger_start_wanted, true, memory_order_release);
+}
+
 void purger_notify(void)
 {
     if (!hak_config.purge_thread) {
@@ -215,7 +224,7 @@ void purger_notify(void)
     if (start && may_start)
         purger_start();
     else if (start)
-        atomic_store_explicit(&hak_purger_start_wanted, true, memory_order_relaxed);
+        defer_start();
 }
 
 /* A young program's frees start no thread. A short program (ls, grep, git
@@ -298,12 +307,13 @@ static void wake_init(void)
     pthread_condattr_destroy(&monotonic);
 }
 
-void purger_init(const purge_client_t *purge_clients, unsigned count, bool (*busy)(void))
+void purger_init(const purge_client_t *purge_clients, unsigned count, bool (*busy)(void), void (*job)(void))
 {
     wake_init();
     clients = purge_clients;
     client_count = count;
     caller_busy = busy;
+    settled_job = job;
     started_ms = os_now_ms();
 }
 
@@ -321,11 +331,29 @@ void purger_poll(void)
         purger_notify();
 }
 
-/* The calling thread's heap has finished a list update. */
+/* The job runs at the next allocation whose thread is settled: asked
+ * from a signal handler (it only stores), run where allocating is safe. */
+void purger_request_job(void)
+{
+    atomic_store_explicit(&job_wanted, true, memory_order_relaxed);
+    atomic_store_explicit(&hak_purger_start_wanted, true, memory_order_release);
+}
+
+/* The calling thread's heap has finished a list update: the job and the
+ * thread's start that waited for it run (the job only outside a mid
+ * section too, since it allocates; else it waits for the next). */
 void purger_heap_settled(void)
 {
     bool expected = true;
-    if (atomic_compare_exchange_strong(&hak_purger_start_wanted, &expected, false))
+    if (!atomic_compare_exchange_strong(&hak_purger_start_wanted, &expected, false))
+        return;
+    if (atomic_load_explicit(&job_wanted, memory_order_relaxed)) {
+        if (caller_busy())
+            atomic_store_explicit(&hak_purger_start_wanted, true, memory_order_relaxed);
+        else if (atomic_exchange_explicit(&job_wanted, false, memory_order_relaxed) && settled_job)
+            settled_job();
+    }
+    if (atomic_exchange_explicit(&start_deferred, false, memory_order_relaxed))
         purger_notify();
 }
 
@@ -338,7 +366,8 @@ void purger_fork_child(void)
     pthread_cond_init(&purger_gone, NULL);
     atomic_store(&purger_running, false);
     purger_stop = false;
-    atomic_store(&hak_purger_start_wanted, atomic_load(&purger_pending));
+    atomic_store(&start_deferred, atomic_load(&purger_pending));
+    atomic_store(&hak_purger_start_wanted, atomic_load(&purger_pending) || atomic_load(&job_wanted));
     atomic_store(&purger_pending, false);
 }
 
@@ -366,7 +395,7 @@ static void purger_retire(void)
     bool waiting = atomic_exchange(&purger_pending, false);
     pthread_mutex_unlock(&purger_lock);
     if (waiting)
-        atomic_store(&hak_purger_start_wanted, true);
+        defer_start();
     for (int i = 0; i < 100000 && os_thread_alive(tid); i++)
         sched_yield();
     pthread_setcancelstate(cancel_state, NULL);

@@ -18,8 +18,11 @@ typedef struct purge_client {
 extern _Atomic bool hak_purger_start_wanted;
 /* clients: the tiers in the order of a pass; busy: whether the calling
  * thread is inside a list update or a mid section of its heap, where
- * starting a thread (which allocates) must wait. */
-void purger_init(const purge_client_t *clients, unsigned count, bool (*busy)(void));
+ * starting a thread (which allocates) must wait; job: what
+ * purger_request_job asks for (the profile's dumps), run where a thread
+ * may allocate. */
+void purger_init(const purge_client_t *clients, unsigned count, bool (*busy)(void), void (*job)(void));
+void purger_request_job(void); /* async-signal-safe */
 bool purger_release_caches(void);
 void purger_notify(void);
 bool purger_young_untold(size_t bytes, uint64_t now_ms);

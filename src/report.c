@@ -11,6 +11,7 @@
 
 #include <dlfcn.h>
 #include <errno.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -322,16 +323,16 @@ void stats_init(void)
  * starts before main where one is asked for, not at the first malloc. */
 __attribute__((constructor)) static void report_asked(void)
 {
-    if (getenv("HAKMEM_STATS") || getenv("HAKMEM_PROFILE_FILE"))
+    if (getenv("HAKMEM_STATS") || getenv("HAKMEM_PROFILE_FILE") || getenv("HAKMEM_PROFILE_SIGNAL"))
         hak_ensure_init();
 }
 
-/* HAKMEM_PROFILE_FILE with %p (the process's id), %e (its program's
- * name) and %% expanded into path; false if it does not fit. */
-static bool report_path(char *path, size_t size)
+/* A path template with %p (the process's id), %e (its program's name)
+ * and %% expanded into path; false if it does not fit. */
+static bool report_path(const char *template, char *path, size_t size)
 {
     size_t n = 0;
-    for (const char *s = hak_config.profile_file; *s; s++) {
+    for (const char *s = template; *s; s++) {
         char number[24];
         const char *piece = NULL;
         if (s[0] == '%' && s[1] == 'p')
@@ -357,7 +358,7 @@ static int report_open(void)
 {
     if (hak_config.profile_file[0]) {
         char path[512];
-        if (!report_path(path, sizeof path)) {
+        if (!report_path(hak_config.profile_file, path, sizeof path)) {
             hak_warn("cannot write the report: the path of HAKMEM_PROFILE_FILE is too long", hak_config.profile_file);
             return -1;
         }
@@ -410,4 +411,45 @@ HAK_EXPORT int hak_profile_dump(const char *path, const char *format)
     int closed = out ? fclose(out) : (os_close(fd), -1);
     stack_pause(false);
     return closed == 0 ? 0 : -1;
+}
+
+/* ---- dumps while the program runs ------------------------------------------ */
+
+/* A dump asked for by HAKMEM_PROFILE_SIGNAL or HAKMEM_PROFILE_PEAK (the
+ * purger's settled job, run where the thread may allocate): the report
+ * into HAKMEM_PROFILE_FILE's path, or hakmem.%e.%p, with .1, .2, ...
+ * appended. */
+void report_dump_job(void)
+{
+    static _Atomic unsigned dumps;
+    char path[512];
+    const char *template = hak_config.profile_file[0] ? hak_config.profile_file : "hakmem.%e.%p";
+    if (!report_path(template, path, sizeof path - 16)) {
+        hak_warn("cannot write a profile dump: the path of HAKMEM_PROFILE_FILE is too long", template);
+        return;
+    }
+    size_t n = strlen(path);
+    snprintf(path + n, sizeof path - n, ".%u", atomic_fetch_add(&dumps, 1) + 1);
+    if (hak_profile_dump(path, NULL) != 0)
+        hak_warn("cannot write a profile dump", path);
+}
+
+static void dump_asked(int signal)
+{
+    (void)signal;
+    purger_request_job();
+}
+
+/* HAKMEM_PROFILE_SIGNAL's handler, which only asks for the dump. */
+void report_dumps_init(void)
+{
+    if (!hak_config.profile_signal)
+        return;
+    struct sigaction action;
+    memset(&action, 0, sizeof action);
+    action.sa_handler = dump_asked;
+    action.sa_flags = SA_RESTART;
+    sigemptyset(&action.sa_mask);
+    if (sigaction((int)hak_config.profile_signal, &action, NULL) != 0)
+        hak_warn("cannot install the handler of HAKMEM_PROFILE_SIGNAL", strerror(errno));
 }

@@ -7,26 +7,28 @@
  * (the call site the entry point saw); where the walk does not meet that
  * frame, it is the call site alone.
  *
- * The table is mapped at the first sample: STACKS_MAX entries, their
- * frames in one pool, both touched only as they fill; entry 0 collects
- * the samples of stacks that found no room. Samples are rare (one per
+ * The table is mapped at the first sample, for STACKS_FIRST entries and
+ * their frames in one pool, and doubles as it fills, up to STACKS_MAX;
+ * entry 0 collects the samples of stacks that found no room. Samples are rare (one per
  * HAKMEM_PROFILE_SAMPLE bytes and thread), so one lock guards it. */
 #include "profile.h"
 #include "init.h"
+#include "purger.h"
 
 #include <pthread.h>
 #include <string.h>
 
-#define STACKS_MAX 16384             /* a power of two */
-#define STACK_SLOTS (2 * STACKS_MAX) /* open addressing: at most half full */
-#define STACK_FRAMES_MAX ((size_t)STACKS_MAX * 16)
+#define STACKS_FIRST 512   /* entries at the first sample; doubled when full */
+#define STACKS_MAX 16384   /* a power of two */
+#define FRAMES_PER_STACK 16 /* the frame pool's room, per entry */
 
 static pthread_mutex_t stack_lock = PTHREAD_MUTEX_INITIALIZER;
 static stack_entry_t *stacks;  /* NULL until the first sample */
 static uint32_t *stack_slots;  /* entry index by hash, 0 for an empty slot */
 static uintptr_t *stack_frames;
-static uint32_t stacks_used = 1;
+static uint32_t stacks_used = 1, stacks_capacity; /* slots: twice the capacity (at most half full) */
 static size_t frames_used;
+static double live_bytes, peak_dumped; /* the profile's live bytes, and their value at the last peak dump */
 static HAK_TLS bool unwinding; /* the unwinder's own allocations (it makes none) are not unwound */
 static HAK_TLS bool paused;    /* the thread writes a report: its own allocations are not the program's */
 
@@ -56,6 +58,18 @@ static unsigned stack_unwind(uintptr_t site, uintptr_t *frames)
 
 /* ---- the table ----------------------------------------------------------------- */
 
+/* Under stack_lock: the profile's live bytes changed by delta. Past the
+ * last peak dump's by HAKMEM_PROFILE_PEAK, a dump is asked for (written
+ * where the thread may allocate: purger_request_job). */
+static void live_grew(double delta)
+{
+    live_bytes += delta;
+    if (hak_config.profile_peak && live_bytes > peak_dumped + (double)hak_config.profile_peak) {
+        peak_dumped = live_bytes;
+        purger_request_job();
+    }
+}
+
 static uint64_t stack_hash(const uintptr_t *frames, unsigned depth)
 {
     uint64_t h = depth;
@@ -64,26 +78,55 @@ static uint64_t stack_hash(const uintptr_t *frames, unsigned depth)
     return h;
 }
 
-/* Under stack_lock: the table mapped, false if it cannot be. */
-static bool stacks_mapped(void)
+static size_t entries_bytes(uint32_t capacity) { return capacity * sizeof(stack_entry_t); }
+static size_t slots_bytes(uint32_t capacity) { return 2 * capacity * sizeof(uint32_t); }
+static size_t frames_bytes(uint32_t capacity) { return (size_t)capacity * FRAMES_PER_STACK * sizeof(uintptr_t); }
+
+static void unmap_table(stack_entry_t *entries, uint32_t *slots, uintptr_t *frames, uint32_t capacity)
 {
-    if (stacks)
+    if (entries)
+        os_unmap(entries, entries_bytes(capacity));
+    if (slots)
+        os_unmap(slots, slots_bytes(capacity));
+    if (frames)
+        os_unmap(frames, frames_bytes(capacity));
+}
+
+/* Under stack_lock: the table mapped with room for one more entry of
+ * depth frames, twice as large as before if it was full (a copy: every
+ * reader holds the lock); false if it cannot be. Mapped small and grown,
+ * its pages are those it uses: a program that locks its memory
+ * (mlockall) makes every mapped page resident. */
+static bool stacks_room(unsigned depth)
+{
+    if (stacks && stacks_used < stacks_capacity &&
+        frames_used + depth <= (size_t)stacks_capacity * FRAMES_PER_STACK)
         return true;
-    stack_entry_t *entries = os_map(STACKS_MAX * sizeof *entries);
-    uint32_t *slots = os_map(STACK_SLOTS * sizeof *slots);
-    uintptr_t *frames = os_map(STACK_FRAMES_MAX * sizeof *frames);
+    uint32_t capacity = stacks ? 2 * stacks_capacity : STACKS_FIRST;
+    if (capacity > STACKS_MAX)
+        return false;
+    stack_entry_t *entries = os_map(entries_bytes(capacity));
+    uint32_t *slots = os_map(slots_bytes(capacity));
+    uintptr_t *frames = os_map(frames_bytes(capacity));
     if (!entries || !slots || !frames) {
-        if (entries)
-            os_unmap(entries, STACKS_MAX * sizeof *entries);
-        if (slots)
-            os_unmap(slots, STACK_SLOTS * sizeof *slots);
-        if (frames)
-            os_unmap(frames, STACK_FRAMES_MAX * sizeof *frames);
+        unmap_table(entries, slots, frames, capacity);
         return false;
     }
+    if (stacks) {
+        memcpy(entries, stacks, stacks_used * sizeof *entries);
+        memcpy(frames, stack_frames, frames_used * sizeof *frames);
+        for (uint32_t i = 1; i < stacks_used; i++) {
+            uint32_t slot = (uint32_t)entries[i].hash & (2 * capacity - 1);
+            while (slots[slot])
+                slot = (slot + 1) & (2 * capacity - 1);
+            slots[slot] = i;
+        }
+        unmap_table(stacks, stack_slots, stack_frames, stacks_capacity);
+    }
+    stacks = entries;
     stack_slots = slots;
     stack_frames = frames;
-    stacks = entries;
+    stacks_capacity = capacity;
     return true;
 }
 
@@ -92,7 +135,8 @@ static bool stacks_mapped(void)
 static uint32_t stack_intern(const uintptr_t *frames, unsigned depth)
 {
     uint64_t h = stack_hash(frames, depth);
-    for (uint32_t slot = (uint32_t)h & (STACK_SLOTS - 1);; slot = (slot + 1) & (STACK_SLOTS - 1)) {
+    uint32_t mask = 2 * stacks_capacity - 1;
+    for (uint32_t slot = (uint32_t)h & mask;; slot = (slot + 1) & mask) {
         uint32_t i = stack_slots[slot];
         if (!i)
             break;
@@ -100,8 +144,9 @@ static uint32_t stack_intern(const uintptr_t *frames, unsigned depth)
         if (e->hash == h && e->depth == depth && !memcmp(&stack_frames[e->frames], frames, depth * sizeof *frames))
             return i;
     }
-    if (stacks_used == STACKS_MAX || frames_used + depth > STACK_FRAMES_MAX)
+    if (!stacks_room(depth))
         return 0;
+    mask = 2 * stacks_capacity - 1;
     uint32_t i = stacks_used++;
     stack_entry_t *e = &stacks[i];
     e->hash = h;
@@ -109,9 +154,9 @@ static uint32_t stack_intern(const uintptr_t *frames, unsigned depth)
     e->frames = (uint32_t)frames_used;
     memcpy(&stack_frames[frames_used], frames, depth * sizeof *frames);
     frames_used += depth;
-    uint32_t slot = (uint32_t)h & (STACK_SLOTS - 1);
+    uint32_t slot = (uint32_t)h & mask;
     while (stack_slots[slot])
-        slot = (slot + 1) & (STACK_SLOTS - 1);
+        slot = (slot + 1) & mask;
     stack_slots[slot] = i;
     return i;
 }
@@ -127,7 +172,7 @@ uint32_t stack_sample(uintptr_t site, size_t size, float weight)
     uintptr_t frames[STACK_DEPTH_MAX];
     unsigned depth = stack_unwind(site, frames);
     pthread_mutex_lock(&stack_lock);
-    if (!stacks_mapped()) {
+    if (!stacks && !stacks_room(0)) {
         pthread_mutex_unlock(&stack_lock);
         return STACK_NONE;
     }
@@ -137,6 +182,7 @@ uint32_t stack_sample(uintptr_t site, size_t size, float weight)
     e->bytes += (double)size * weight;
     e->live_objects += weight;
     e->live_bytes += (double)size * weight;
+    live_grew((double)size * weight);
     if (!e->samples++ || size < e->min_size)
         e->min_size = size;
     if (size > e->max_size)
@@ -158,6 +204,7 @@ static uintptr_t stack_change(uint32_t i, size_t old_size, size_t size, float we
     pthread_mutex_lock(&stack_lock);
     stack_entry_t *e = &stacks[i];
     e->live_bytes += ((double)size - (double)old_size) * weight;
+    live_grew(((double)size - (double)old_size) * weight);
     if (change != STACK_RESIZED)
         e->live_objects -= weight;
     if (change == STACK_FREED)

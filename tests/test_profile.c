@@ -6,7 +6,7 @@
  * format name them; sampled blocks are hakmem's and behave like any
  * other; KPIs are filled; site rules fire on the evidence they name;
  * HAKMEM_PROFILE=0 records nothing.
- * Usage: test_profile [on|two_sites|sampled|off|rules|sample_starting_purger] */
+ * Usage: test_profile [on|two_sites|dumps|sampled|off|rules|sample_starting_purger] */
 #define _GNU_SOURCE
 #include "check.h"
 #include "hakmem.h"
@@ -14,6 +14,7 @@
 
 #include <dlfcn.h>
 #include <errno.h>
+#include <signal.h>
 #include <malloc.h>
 #include <math.h>
 #include <pthread.h>
@@ -531,6 +532,45 @@ static void test_two_sites(void)
         free(keep[i]);
 }
 
+/* Dumps while the program runs, in this test's environment: at
+ * HAKMEM_PROFILE_SIGNAL (SIGUSR2; the handler only asks, the next
+ * allocation that reaches a slow path writes it) and each time the live
+ * bytes grow past the last such dump's by HAKMEM_PROFILE_PEAK (1 MiB),
+ * into HAKMEM_PROFILE_FILE's path (dumps.%p) with .1, .2, ... appended.
+ * Ends with _exit: the report at exit would go to the same path. */
+static void test_dumps(void)
+{
+    char base[256], path[300];
+    snprintf(base, sizeof base, "dumps.%d", (int)getpid());
+    raise(SIGUSR2);
+    for (int round = 0; round < 20; round++) { /* tiny refills: slow paths */
+        void *p[2000];
+        for (int i = 0; i < 2000; i++)
+            p[i] = malloc(64 + (size_t)round);
+        for (int i = 0; i < 2000; i++)
+            free(p[i]);
+    }
+    snprintf(path, sizeof path, "%s.1", base);
+    const char *first = file_text(path);
+    CHECK(first && strncmp(first, "hakmem ", 7) == 0 && strstr(first, "top call sites by live bytes"));
+    enum { KEPT = 100 };
+    static void *kept[KEPT]; /* 4 MB live: past 1, 2 and 3 MiB, a dump each */
+    for (int i = 0; i < KEPT; i++)
+        kept[i] = site_kept(40000);
+    snprintf(path, sizeof path, "%s.4", base);
+    const char *fourth = file_text(path);
+    const char *live = fourth ? strstr(fourth, "top call sites by live bytes") : NULL;
+    CHECK(live && strstr(live, "site_kept+"));
+    for (int i = 0; i < KEPT; i++)
+        free(kept[i]);
+    for (int n = 1; n <= 8; n++) {
+        snprintf(path, sizeof path, "%s.%d", base, n);
+        unlink(path);
+    }
+    fflush(stdout);
+    _exit(check_summary("test_profile"));
+}
+
 static void test_profile_off(void)
 {
     for (int i = 0; i < MANY; i++)
@@ -585,6 +625,8 @@ int main(int argc, char **argv)
         test_profile_on(), test_thread_counts(), test_large_calls_timed();
     else if (!strcmp(mode, "two_sites"))
         test_two_sites();
+    else if (!strcmp(mode, "dumps"))
+        test_dumps();
     else if (!strcmp(mode, "sampled"))
         test_sampled_blocks(), test_sampled_blocks_in_arenas(), test_sampled_tiny_slots();
     else if (!strcmp(mode, "off"))
