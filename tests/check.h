@@ -63,8 +63,8 @@ static inline uint64_t samples_taken(void)
     return kpi.latency_samples;
 }
 
-/* malloc(size) served by the thread's heap. Profiling samples one
- * allocation in a few thousand (HAKMEM_PROFILE_SAMPLE), at random, and
+/* malloc(size) served by the thread's heap. Profiling samples about one
+ * allocation per HAKMEM_PROFILE_SAMPLE bytes allocated, at random, and
  * serves it from elsewhere while the block it took goes back to the
  * cache: a test that expects a certain block frees a sampled one and takes
  * again (CI once drew a sample inside test_batch_refill's loop, and

@@ -70,8 +70,9 @@ static void test_usable_exact(void)
         for (int i = 0; i < COUNT; i++)
             ok &= intact(blocks[i], usable[i], (unsigned)(i + n));
         CHECK(ok);
-        /* Rounding waste is bounded; a profiling sample (one allocation in
-         * thousands, never two of 16 in a row) may be served with more. */
+        /* Rounding waste is bounded; a profiling sample (one per 2 MiB
+         * allocated on average: two of these in a row almost never) may be
+         * served with more. */
         size_t least = usable[0] < usable[1] ? usable[0] : usable[1];
         CHECK(least < n + n / 8 + 16);
         for (int i = 0; i < COUNT; i++)

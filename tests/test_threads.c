@@ -621,8 +621,9 @@ static void test_collect_from_new_thread(void)
 /* hak_owns of a freed sampled block while another thread collects: the
  * block's arena chunk may be unmapped between the segment-map lookup and
  * the arena lock (held by the collect while it unmaps), and its header
- * must not be read then. Run by threads_sampled, where one allocation in
- * 16 or so is sampled; elsewhere there is rarely a sampled block to ask. */
+ * must not be read then. Run by threads_sampled, where one allocation per
+ * 64 KiB allocated is sampled; elsewhere there is rarely a sampled block
+ * to ask. */
 static void *collect_once(void *arg)
 {
     usleep(200);
