@@ -19,7 +19,7 @@ typedef struct profile_hooks {
     void (*tuner_tick)(void);                       /* learn_tick */
     /* large blocks (large.c): every call counts for the site's rules, one
      * in KPI_LARGE_TIMING is timed, and the countdown picks the samples */
-    unsigned (*large_alloc)(uintptr_t site, size_t size, bool bigcache_hit, uint32_t *rules);
+    unsigned (*large_alloc)(uintptr_t site, bool bigcache_hit, uint32_t *rules);
     uint32_t (*large_sample)(size_t size, uintptr_t site); /* the sample's record, or 0 */
     void (*lifetime)(unsigned index, uint64_t born);
     bool (*wants_touch)(unsigned index);

@@ -74,7 +74,7 @@ static void *large_born(large_hdr_t *h, size_t size, uintptr_t site, char *unbac
     h->site_rules = 0;
     h->sample = 0;
     if (hak_config.profile) {
-        h->site_index = hak_profile_hooks.large_alloc(site, size, cache_hit, &h->site_rules);
+        h->site_index = hak_profile_hooks.large_alloc(site, cache_hit, &h->site_rules);
         h->sample = hak_profile_hooks.large_sample(size, site);
     }
     if (unbacked)

@@ -69,7 +69,7 @@ void unwind_fork_child(void);
 /* site.c: the call-site table: the per-site rules and lifetimes. Returns
  * the site's index (or the shared overflow bucket's). */
 void site_record_lifetime(unsigned index, uint64_t born); /* born 0: none */
-unsigned site_record_large(uintptr_t site, size_t size, bool bigcache_hit, uint32_t *rules);
+unsigned site_record_large(uintptr_t site, bool bigcache_hit, uint32_t *rules);
 void site_record_touched(unsigned index, size_t resident, size_t size);
 bool site_wants_touch(unsigned index);
 unsigned site_index_of(uintptr_t site);

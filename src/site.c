@@ -151,11 +151,10 @@ static uint32_t site_rules_of(unsigned index) { return atomic_load_explicit(&sit
  * the site's rules in *rules. A
  * site whose blocks BigCache never serves gets no cache: its freed blocks
  * would only hold memory and push out other sites' blocks. */
-unsigned site_record_large(uintptr_t site, size_t size, bool bigcache_hit, uint32_t *rules)
+unsigned site_record_large(uintptr_t site, bool bigcache_hit, uint32_t *rules)
 {
     unsigned i;
     heap_profile_t *p = profile_of_site(site, &i);
-    (void)size;
     count(p, i, SITE_LARGE_ALLOCS, 1);
     if (bigcache_hit)
         count(p, i, SITE_BIGCACHE_HITS, 1);
