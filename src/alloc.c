@@ -45,11 +45,13 @@ static HAK_NOINLINE void *hak_alloc_mid_slow(unsigned c, size_t size, uintptr_t 
     while (unlikely(!heap_mid_enter(heap)))
         heap_mid_wait(heap);
     void *b;
-    if (*heap_stash(heap, c)) {
+    if (*heap_stash(heap, c) && (heap->sample_left -= (long)size) <= 0) {
+        float weight = sample_interval_end(heap, size);
         uint64_t start = hak_ticks();
         b = heap_stash_pop(heap, c);
-        if ((heap->sample_left -= (long)size) <= 0)
-            b = sample_take(heap, c, b, size, site, sample_interval_end(heap, size), hak_ticks() - start);
+        b = sample_take(heap, c, b, size, site, weight, start);
+    } else if (*heap_stash(heap, c)) {
+        b = heap_stash_pop(heap, c);
     } else {
         b = hak_alloc_from(heap, c, size, site);
     }

@@ -21,6 +21,7 @@ _Alignas(HAK_CONFIG_ALIGN) hak_config_t hak_config = {
     .profile = true,
     .profile_sample = 2 << 20,
     .profile_depth = 32,
+    .profile_budget = 1,
     .mode = MODE_BASELINE,
     .tune_window_ms = 1000,
     .tune_cooldown_s = 180,

@@ -24,6 +24,7 @@ typedef struct hak_config {
     char profile_file[256];   /* the report's path at exit (%p, %e expanded), "" for stderr */
     char profile_skip[256];   /* more allocation wrappers, comma-separated (report.c) */
     long profile_depth;       /* frames of a sample's stack kept, at most */
+    long profile_budget;      /* percent of a thread's time its samples may take */
     long profile_signal;      /* a dump at this signal, 0: none */
     size_t profile_peak;      /* a dump each time the live bytes' peak grows by this, 0: none */
     long superslab_reserve;

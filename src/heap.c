@@ -765,7 +765,7 @@ static HAK_NOINLINE void *heap_alloc_refill(heap_t *heap, unsigned c, size_t siz
     heap_leave_lists(heap);
     purger_poll();
     if (unlikely(weight) && b)
-        return hak_profile_hooks.sample(heap, c, b, size, site, weight, hak_ticks() - start);
+        return hak_profile_hooks.sample(heap, c, b, size, site, weight, start);
     heap_tick_tuner(heap);
     return b;
 }

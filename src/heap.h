@@ -174,6 +174,11 @@ typedef struct heap {
     _Atomic int state;         /* enum heap_state: changed under heaps_lock, read by remote frees */
     _Alignas(64) long sample_left; /* bytes to allocate before the next sample (sample.c) */
     uint64_t sample_rng;       /* xorshift state drawing the sampling intervals */
+    size_t sample_mean;        /* the mean interval in force: HAKMEM_PROFILE_SAMPLE, or more (the budget) */
+    uint64_t sample_spent;     /* ticks samples took since the budget's last look */
+    uint64_t sample_looked;    /* hak_ticks() then */
+    double sample_credit_ns;   /* time samples may take before the mean interval grows */
+    uint32_t sample_window;    /* samples since the last look */
     uint32_t tuner_refills;    /* refills, for the tuner's clock (heap_tick_tuner) */
     unsigned arena_lane;       /* the page arenas' lane its thread allocates from (arena.c) */
     _Atomic int in_slow;       /* inside a list update (fork safety; the purger's mid claim keeps off) */

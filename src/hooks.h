@@ -15,7 +15,7 @@ typedef struct profile_hooks {
     void (*heap_init)(heap_t *heap);                /* sample_heap_init */
     float (*interval_end)(heap_t *heap, size_t size); /* sample_interval_end */
     void *(*sample)(heap_t *heap, unsigned c, void *b, size_t size, uintptr_t site, float weight,
-                    uint64_t ticks);                /* sample_take */
+                    uint64_t start);                /* sample_take */
     void (*tuner_tick)(void);                       /* learn_tick */
     /* large blocks (large.c): every call counts for the site's rules, one
      * in KPI_LARGE_TIMING is timed, and the countdown picks the samples */

@@ -14,7 +14,8 @@
  * allocations a sample stands for (1 / the chance it had to be sampled). */
 void sample_heap_init(heap_t *heap);
 float sample_interval_end(heap_t *heap, size_t size);
-void *sample_take(heap_t *heap, unsigned c, void *b, size_t size, uintptr_t site, float weight, uint64_t ticks);
+size_t sample_mean_peak(void); /* the largest mean interval the budget set, 0: none raised */
+void *sample_take(heap_t *heap, unsigned c, void *b, size_t size, uintptr_t site, float weight, uint64_t start);
 void *sample_fast_hit(heap_t *heap, unsigned c, void *b, size_t size, uintptr_t site);
 void *sample_take_arena(heap_t *heap, size_t size, size_t align, uintptr_t site, bool zero);
 uint32_t sample_large(size_t size, uintptr_t site);

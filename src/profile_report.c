@@ -277,7 +277,14 @@ void profile_print_sites(FILE *out, profile_view_t *v)
     static const char *const header =
         "           allocs        MiB   live MiB  size range        samples  site (the first caller outside the "
         "allocation wrappers), its callers\n";
-    if (hak_config.profile_sample > 1)
+    size_t peak = sample_mean_peak();
+    if (hak_config.profile_sample > 1 && peak)
+        fprintf(out, "  top call sites by bytes (%zu sites, %zu stacks, %llu samples: one per %zu KiB allocated on "
+                     "average, up to %zu KiB on threads whose samples would have taken more than %ld%% of their "
+                     "time; figures are estimates)\n",
+                n, v->count ? v->count - 1 : 0, (unsigned long long)samples, hak_config.profile_sample >> 10,
+                peak >> 10, hak_config.profile_budget);
+    else if (hak_config.profile_sample > 1)
         fprintf(out, "  top call sites by bytes (%zu sites, %zu stacks, %llu samples: one per %zu KiB allocated on "
                      "average; figures are estimates)\n",
                 n, v->count ? v->count - 1 : 0, (unsigned long long)samples, hak_config.profile_sample >> 10);
@@ -327,7 +334,8 @@ void json_string(FILE *out, const char *s)
 
 void profile_print_json_stacks(FILE *out, profile_view_t *v)
 {
-    fprintf(out, "\"sample_bytes\":%zu,\"stacks\":[", hak_config.profile_sample);
+    fprintf(out, "\"sample_bytes\":%zu,\"sample_bytes_max\":%zu,\"stacks\":[", hak_config.profile_sample,
+            sample_mean_peak() ? sample_mean_peak() : hak_config.profile_sample);
     bool first = true;
     for (size_t i = 0; i < v->count; i++) {
         const stack_entry_t *e = &v->stacks[i];

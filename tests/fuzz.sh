@@ -28,4 +28,4 @@ fuzz() {
 fuzz "$seconds"
 # Then with a profiling sample every 16 allocations or so: sampled blocks
 # come from the sample arena and the large tier (a size-0 bug hid there).
-HAKMEM_PROFILE_SAMPLE=4K fuzz $(((seconds + 1) / 2))
+HAKMEM_PROFILE_SAMPLE=4K HAKMEM_PROFILE_BUDGET=100 fuzz $(((seconds + 1) / 2))

@@ -6,7 +6,7 @@
  * format name them; sampled blocks are hakmem's and behave like any
  * other; KPIs are filled; site rules fire on the evidence they name;
  * HAKMEM_PROFILE=0 records nothing.
- * Usage: test_profile [on|two_sites|dumps|sampled|off|rules|sample_starting_purger] */
+ * Usage: test_profile [on|two_sites|dumps|sampled|budget|off|rules|sample_starting_purger] */
 #define _GNU_SOURCE
 #include "check.h"
 #include "hakmem.h"
@@ -448,16 +448,25 @@ __attribute__((noipa)) void *via_wrapper(size_t size)
     return p;
 }
 
-static bool estimate_holds(double estimate, double truth, size_t size, double n)
+/* An estimate from n allocations of size bytes, sampled at a mean
+ * interval of at most `interval` bytes, within 5 standard deviations of
+ * the truth. */
+static bool estimate_holds_at(double estimate, double truth, size_t size, double n, double interval)
 {
-    const char *env = getenv("HAKMEM_PROFILE_SAMPLE");
-    double interval = env ? atof(env) * (strchr(env, 'K') ? 1024 : strchr(env, 'M') ? 1048576 : 1) : 2097152;
     double p = -expm1(-(double)size / interval), deviation = sqrt((1 - p) / (p * n));
     bool holds = fabs(estimate / truth - 1) <= 5 * deviation;
     if (!holds)
         printf("estimate %.0f against %.0f: off by %.1f%%, 5 deviations are %.1f%%\n", estimate, truth,
                100 * fabs(estimate / truth - 1), 500 * deviation);
     return holds;
+}
+
+/* The same at HAKMEM_PROFILE_SAMPLE's interval. */
+static bool estimate_holds(double estimate, double truth, size_t size, double n)
+{
+    const char *env = getenv("HAKMEM_PROFILE_SAMPLE");
+    double interval = env ? atof(env) * (strchr(env, 'K') ? 1024 : strchr(env, 'M') ? 1048576 : 1) : 2097152;
+    return estimate_holds_at(estimate, truth, size, n, interval);
 }
 
 static char *file_text(const char *path)
@@ -571,6 +580,33 @@ static void test_dumps(void)
     _exit(check_summary("test_profile"));
 }
 
+/* HAKMEM_PROFILE_SAMPLE=4K and 24 B blocks: a sample every 170 or so,
+ * which would take far more than HAKMEM_PROFILE_BUDGET's 1% of the time.
+ * The thread's mean interval grows, the report says to what, and the
+ * estimates, weighted at the mean in force, hold within the error of the
+ * largest mean (a bound: each allocation was sampled at one no larger).
+ * With HAKMEM_PROFILE_BUDGET=100 (unlimited) the mean stays. */
+static void test_budget(bool unlimited)
+{
+    enum { N = 4000000 };
+    for (int i = 0; i < N; i++)
+        free(site_small(24));
+    refresh();
+    const hak_site_t *small = find_site("site_small");
+    char *json = report_text(hak_stats_print_json);
+    const char *field = strstr(json, "\"sample_bytes_max\":");
+    double peak = field ? strtod(field + strlen("\"sample_bytes_max\":"), NULL) : 0;
+    CHECK(small && field);
+    CHECK(unlimited ? peak == 4096 : peak > 4096);
+    CHECK(small && estimate_holds_at((double)small->allocs, N, 24, N, peak));
+    free(json);
+    char *text = report_text(hak_stats_print);
+    CHECK(unlimited ? !strstr(text, "would have taken more than") : strstr(text, "would have taken more than 1% of their time") != NULL);
+    free(text);
+    printf("budget: mean interval up to %.0f bytes, %llu samples, %+.1f%% allocs\n", peak,
+           small ? (unsigned long long)small->samples : 0ull, small ? 100.0 * ((double)small->allocs / N - 1) : 0.0);
+}
+
 static void test_profile_off(void)
 {
     for (int i = 0; i < MANY; i++)
@@ -629,6 +665,8 @@ int main(int argc, char **argv)
         test_dumps();
     else if (!strcmp(mode, "sampled"))
         test_sampled_blocks(), test_sampled_blocks_in_arenas(), test_sampled_tiny_slots();
+    else if (!strcmp(mode, "budget"))
+        test_budget(getenv("HAKMEM_PROFILE_BUDGET") && !strcmp(getenv("HAKMEM_PROFILE_BUDGET"), "100"));
     else if (!strcmp(mode, "off"))
         test_profile_off();
     else if (!strcmp(mode, "rules"))
