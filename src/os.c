@@ -416,6 +416,11 @@ int os_open_read(const char *path) { return (int)syscall(SYS_openat, AT_FDCWD, p
 
 long os_read(int fd, void *buf, size_t size) { return (long)syscall(SYS_read, fd, buf, size); }
 
+long os_pread(int fd, void *buf, size_t size, uint64_t offset)
+{
+    return (long)syscall(SYS_pread64, fd, buf, size, (off_t)offset);
+}
+
 void os_close(int fd) { syscall(SYS_close, fd); }
 
 int os_pid(void) { return (int)syscall(SYS_getpid); }

@@ -77,7 +77,8 @@ int os_pid(void);
 int os_parent_pid(void);
 const char *os_program_name(void); /* the program's file name, without its directory */
 
-/* Descriptors, for the report's copy of stderr (report.c). */
+/* Descriptors, for the report's copy of stderr (report.c) and the files
+ * whose symbols it reads (symtab.c). */
 typedef struct os_file_id {
     uint64_t dev, ino;
 } os_file_id_t;
@@ -85,6 +86,7 @@ int os_dup(int fd, int min_fd);
 int os_create(const char *path); /* a new or emptied file to write, closed on exec; -1 and errno if not */
 int os_open_read(const char *path); /* -1 if it cannot be opened */
 long os_read(int fd, void *buf, size_t size);
+long os_pread(int fd, void *buf, size_t size, uint64_t offset);
 void os_close(int fd);
 long os_files_limit(void);
 bool os_file_id(int fd, os_file_id_t *id);

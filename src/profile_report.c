@@ -3,6 +3,9 @@
  * sites (text), as the JSON report's stacks, as a heap profile in the
  * text format google-pprof reads, and as folded stacks for flame graphs.
  *
+ * Frames are named by dladdr and, for what it cannot name, by the
+ * modules' own symbol tables (symtab.c).
+ *
  * The text report's call sites are stacks grouped by their first frame
  * outside the allocation wrappers: a program that allocates through
  * xmalloc or g_malloc is told which code called the wrapper, not the
@@ -99,12 +102,15 @@ void profile_view_close(profile_view_t *v)
         hak_free_checked(v->frames, "free");
     if (v->symbols)
         hak_free_checked(v->symbols, "free");
+    symtab_free(v->symtabs);
     *v = (profile_view_t){0};
 }
 
-/* The names of the code at return address pc, looked up once. The
- * address looked up is pc - 1, inside the call: a call that never
- * returns may end its function, and pc is then the next one's. */
+/* The names of the code at return address pc, looked up once: dladdr's,
+ * or the file's symbol table's where it names a function dladdr does not
+ * see (static, or in a program that exports nothing). The address looked
+ * up is pc - 1, inside the call: a call that never returns may end its
+ * function, and pc is then the next one's. */
 static const symbol_t *symbol_of(profile_view_t *v, uintptr_t pc)
 {
     size_t i = (size_t)((pc * 0x9e3779b97f4a7c15ull) >> 20) & v->symbol_mask;
@@ -124,6 +130,12 @@ static const symbol_t *symbol_of(profile_view_t *v, uintptr_t pc)
         if (info.dli_sname && info.dli_saddr) {
             s->name = info.dli_sname;
             s->start = (uintptr_t)info.dli_saddr;
+        }
+        uintptr_t start;
+        const char *name = symtab_name(&v->symtabs, info.dli_fname, s->base, pc - 1, &start);
+        if (name && (!s->name || start > s->start)) {
+            s->name = name;
+            s->start = start;
         }
     }
     return s;

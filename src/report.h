@@ -1,5 +1,5 @@
 /* Layer 10, introspection: the heap profile as readers take it
- * (profile_report.c), for the report (report.c). */
+ * (profile_report.c, symtab.c), for the report (report.c). */
 #ifndef HAKMEM_REPORT_H
 #define HAKMEM_REPORT_H
 
@@ -15,12 +15,21 @@ typedef struct symbol {
     uintptr_t base;     /* the module's load address */
 } symbol_t;
 
+/* symtab.c: the function at address in the module loaded at base from
+ * the file at path ("": the program), from the file's .symtab or its
+ * separate debug file, read into *tables once; NULL if none is known.
+ * Names live until symtab_free. */
+typedef struct symtab symtab_t;
+const char *symtab_name(symtab_t **tables, const char *path, uintptr_t base, uintptr_t address, uintptr_t *start);
+void symtab_free(symtab_t *tables);
+
 typedef struct profile_view {
     stack_entry_t *stacks;
     size_t count;
     uintptr_t *frames;
     symbol_t *symbols; /* names looked up so far, by pc */
     size_t symbol_mask;
+    symtab_t *symtabs; /* the modules' symbol tables read so far */
 } profile_view_t;
 
 bool profile_view_open(profile_view_t *v);
