@@ -401,6 +401,32 @@ size_t hak_usable_size_checked(const void *p, const char *op)
     return 0;
 }
 
+/* A realloc that kept its block in place is, for the profile, an
+ * allocation of size bytes at site, as heaptrack and pprof count it: its
+ * bytes are counted down, and where they end the interval the block moves
+ * to a new one, which the allocation path makes the sample (a copy of at
+ * most the large threshold, at a sample only; large blocks take a new
+ * record in place, large_realloc). Uncounted, a buffer grown by realloc
+ * showed as its first size alone: CPython's list growth, 47% of the bytes
+ * of a json workload under heaptrack, came out at 2.5%, redis's listpack
+ * inserts at 3% of their 68%. */
+static void *realloc_stayed(void *p, size_t size, uintptr_t site)
+{
+    heap_t *heap = heap_get();
+    if (!site || heap == &hak_empty_heap)
+        return p;
+    if (likely(heap->sample_left > (long)size)) {
+        heap->sample_left -= (long)size;
+        return p;
+    }
+    void *q = hak_alloc(size, site);
+    if (!q)
+        return p;
+    memcpy(q, p, size);
+    hak_free_checked(p, "realloc");
+    return q;
+}
+
 void *hak_realloc_impl(void *p, size_t size, uintptr_t site)
 {
     if (!p)
@@ -413,7 +439,7 @@ void *hak_realloc_impl(void *p, size_t size, uintptr_t site)
     /* A large block stays large, trimmed or grown in place, unless it
      * shrinks to a size cheaper to copy than the page of slack it keeps. */
     if ((kind == SEG_LARGE_HEAD || kind == SEG_LARGE_INTERIOR) && size >= LARGE_SHRINK_COPY_MAX)
-        return large_realloc(p, size);
+        return large_realloc(p, size, site);
     /* An arena block shrinks in place, or grows into the free pages after
      * it, past the threshold too (arena_grows_past_threshold). */
     size_t usable;
@@ -423,7 +449,7 @@ void *hak_realloc_impl(void *p, size_t size, uintptr_t site)
         bool resize = size <= threshold || arena_grows_past_threshold(size, site), resized;
         usable = arena_realloc_in_place(p, size, resize, &resized, "realloc");
         if (resized)
-            return p;
+            return realloc_stayed(p, size, site);
         outgrew = size > usable && usable > threshold;
         if (outgrew)
             site_note_outgrew_arena(site, usable);
@@ -436,7 +462,7 @@ void *hak_realloc_impl(void *p, size_t size, uintptr_t site)
     }
     /* Stay in place unless the block would be more than half empty. */
     if (size <= usable && size > usable / 2)
-        return p;
+        return realloc_stayed(p, size, site);
     void *q = hak_alloc(size, site);
     if (!q)
         return NULL;

@@ -339,11 +339,20 @@ size_t large_usable_size(const void *p, const char *op)
     return h ? h->usable : 0;
 }
 
-/* The site holds the new size. */
-static void large_resized(large_hdr_t *h, size_t size)
+/* h holds size bytes now, after a realloc at site: for the profile an
+ * allocation of size bytes, counted down as a new block's are; where it
+ * is a sample, the block's record is a new one (the old one dies), else
+ * an old record takes the new size. */
+static void large_resized(large_hdr_t *h, size_t size, uintptr_t site)
 {
-    if (h->sample)
+    uint32_t sample = hak_config.profile ? hak_profile_hooks.large_sample(size, site) : 0;
+    if (sample) {
+        if (h->sample)
+            hak_profile_hooks.sample_freed(h->sample);
+        h->sample = sample;
+    } else if (h->sample) {
         hak_profile_hooks.sample_resized(h->sample, size);
+    }
     h->size = size;
 }
 
@@ -409,8 +418,8 @@ void large_born_at_threshold(void *p)
 }
 
 /* Grow or shrink in place when the mapping allows, else move the pages
- * (large_resize). */
-void *large_realloc(void *p, size_t size)
+ * (large_resize). site: realloc's caller. */
+void *large_realloc(void *p, size_t size, uintptr_t site)
 {
     large_hdr_t *h = large_header_checked(p, "realloc");
     if (!h) {
@@ -421,14 +430,14 @@ void *large_realloc(void *p, size_t size)
      * a buffer that grew the block before it to the next buffer of its
      * site (bigcache.c). */
     if (size >= h->size && size <= h->usable) {
-        large_resized(h, size);
+        large_resized(h, size, site);
         return p;
     }
     size_t old_usable = h->usable;
     h = large_resize(h, size);
     if (!h)
         return NULL;
-    large_resized(h, size);
+    large_resized(h, size, site);
     if (h->usable > old_usable)
         large_back(h, h->user + old_usable);
     return h->user;

@@ -41,7 +41,7 @@ void *large_alloc_zeroed(size_t size, uintptr_t site);
 void large_unmap(large_hdr_t *h);
 void large_free(void *p, const char *op);
 size_t large_usable_size(const void *p, const char *op);
-void *large_realloc(void *p, size_t size);
+void *large_realloc(void *p, size_t size, uintptr_t site);
 void large_born_at_threshold(void *p);
 large_hdr_t *large_header_of(const void *p);
 
