@@ -425,7 +425,21 @@ void os_close(int fd) { syscall(SYS_close, fd); }
 
 int os_pid(void) { return (int)syscall(SYS_getpid); }
 int os_parent_pid(void) { return (int)syscall(SYS_getppid); }
-const char *os_program_name(void) { return program_invocation_short_name; }
+/* The program's name as it was started, kept before main runs: a
+ * program that sets its process title (redis-server) writes over argv[0],
+ * where program_invocation_short_name points, and its report's name and
+ * HAKMEM_PROFILE_FILE's %e became "redis-server 127.0.0.1:6379". */
+static char program_name[64];
+
+void os_keep_program_name(void)
+{
+    const char *name = program_invocation_short_name;
+    size_t n = name ? strnlen(name, sizeof program_name - 1) : 0;
+    memcpy(program_name, name, n);
+    program_name[n] = 0;
+}
+
+const char *os_program_name(void) { return program_name[0] ? program_name : program_invocation_short_name; }
 
 /* The limit of descriptors of the process (RLIMIT_NOFILE's soft one), 0
  * if unknown. */

@@ -76,6 +76,7 @@ unsigned os_cpu_count(void);
 int os_pid(void);
 int os_parent_pid(void);
 const char *os_program_name(void); /* the program's file name, without its directory */
+void os_keep_program_name(void);   /* before main: the name as started (a process title may overwrite it) */
 
 /* Descriptors, for the report's copy of stderr (report.c) and the files
  * whose symbols it reads (symtab.c). */

@@ -20,6 +20,7 @@
 #include <dlfcn.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/auxv.h>
 
 #define TOP_SITES 10
 #define FRAMES_SHOWN 4 /* frames of a site's heaviest stack the text shows, from the site on */
@@ -90,6 +91,9 @@ bool profile_view_open(profile_view_t *v)
         return false;
     }
     v->symbol_mask = symbols - 1;
+    Dl_info program; /* the module that holds the program's headers */
+    if (dladdr((void *)getauxval(AT_PHDR), &program))
+        v->program_base = program.dli_fbase;
     v->count = stack_table_copy(v->stacks, entries, v->frames, frames);
     return true;
 }
@@ -122,17 +126,19 @@ static const symbol_t *symbol_of(profile_view_t *v, uintptr_t pc)
     s->pc = pc;
     Dl_info info;
     if (dladdr((void *)(pc - 1), &info) && info.dli_fname) {
-        const char *slash = strrchr(info.dli_fname, '/');
-        s->module = slash ? slash + 1 : info.dli_fname;
-        if (!*s->module)
-            s->module = os_program_name();
+        /* The program: dladdr names it by argv[0], which a program that
+         * sets its process title has written over; symtab_name reads it
+         * through /proc/self/exe. */
+        bool program = info.dli_fbase == v->program_base;
+        const char *path = program ? "" : info.dli_fname, *slash = strrchr(path, '/');
+        s->module = program ? os_program_name() : slash ? slash + 1 : path;
         s->base = (uintptr_t)info.dli_fbase;
         if (info.dli_sname && info.dli_saddr) {
             s->name = info.dli_sname;
             s->start = (uintptr_t)info.dli_saddr;
         }
         uintptr_t start;
-        const char *name = symtab_name(&v->symtabs, info.dli_fname, s->base, pc - 1, &start);
+        const char *name = symtab_name(&v->symtabs, path, s->base, pc - 1, &start);
         if (name && (!s->name || start > s->start)) {
             s->name = name;
             s->start = start;

@@ -323,6 +323,7 @@ void stats_init(void)
  * starts before main where one is asked for, not at the first malloc. */
 __attribute__((constructor)) static void report_asked(void)
 {
+    os_keep_program_name();
     if (getenv("HAKMEM_STATS") || getenv("HAKMEM_PROFILE_FILE") || getenv("HAKMEM_PROFILE_SIGNAL"))
         hak_ensure_init();
 }

@@ -30,6 +30,7 @@ typedef struct profile_view {
     symbol_t *symbols; /* names looked up so far, by pc */
     size_t symbol_mask;
     symtab_t *symtabs; /* the modules' symbol tables read so far */
+    void *program_base; /* the program's load address, as dladdr gives it */
 } profile_view_t;
 
 bool profile_view_open(profile_view_t *v);
