@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Install what the project needs from Debian's packages, when missing.
-# Usage: install-deps.sh test|bench. As root it installs; otherwise it
+# Usage: install-deps.sh test|bench|profile. As root it installs; otherwise it
 # names what is missing and carries on (the bench skips what it lacks).
 set -u
 # google-perftools: google-pprof, which reads hakmem's heap profiles (tests/launcher.sh)
@@ -9,10 +9,13 @@ test_packages="cmake make gcc g++ binutils pkg-config python3 git coreutils valg
 pyver=$(/usr/bin/python3 -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null || echo 3.11)
 test_packages="$test_packages libpython$pyver-testsuite"
 bench_packages="$test_packages libmimalloc2.0 libjemalloc2 libgoogle-perftools4 python3-matplotlib valgrind"
+# heaptrack, the exact profile scripts/heaptrack_compare.py checks hakmem's against
+profile_packages="$test_packages heaptrack zstd"
 case "${1:-test}" in
   test) wanted=$test_packages ;;
   bench) wanted=$bench_packages ;;
-  *) echo "usage: $0 test|bench" >&2; exit 2 ;;
+  profile) wanted=$profile_packages ;;
+  *) echo "usage: $0 test|bench|profile" >&2; exit 2 ;;
 esac
 missing=()
 for p in $wanted; do
