@@ -45,15 +45,14 @@ static HAK_NOINLINE void *hak_alloc_mid_slow(unsigned c, size_t size, uintptr_t 
     while (unlikely(!heap_mid_enter(heap)))
         heap_mid_wait(heap);
     void *b;
-    if (*heap_stash(heap, c) && (heap->sample_left -= (long)size) <= 0) {
-        float weight = sample_interval_end(heap, size);
-        uint64_t start = hak_ticks();
-        b = heap_stash_pop(heap, c);
-        b = sample_take(heap, c, b, size, site, weight, start);
-    } else if (*heap_stash(heap, c)) {
+    if (!*heap_stash(heap, c)) {
+        b = hak_alloc_from(heap, c, size, site);
+    } else if ((heap->sample_left -= (long)size) > 0) {
         b = heap_stash_pop(heap, c);
     } else {
-        b = hak_alloc_from(heap, c, size, site);
+        float weight = sample_interval_end(heap, size);
+        uint64_t start = hak_ticks();
+        b = sample_take(heap, c, heap_stash_pop(heap, c), size, site, weight, start);
     }
     heap_mid_leave(heap);
     purger_start_if_wanted();
@@ -401,12 +400,12 @@ size_t hak_usable_size_checked(const void *p, const char *op)
     return 0;
 }
 
-/* A realloc that kept its block in place is, for the profile, an
+/* A realloc that kept its slab block in place is, for the profile, an
  * allocation of size bytes at site, as heaptrack and pprof count it: its
  * bytes are counted down, and where they end the interval the block moves
  * to a new one, which the allocation path makes the sample (a copy of at
- * most the large threshold, at a sample only; large blocks take a new
- * record in place, large_realloc). Uncounted, a buffer grown by realloc
+ * most 64 KiB, at a sample only; page-arena and large blocks take a new
+ * record in place, arena_realloc_in_place and large_realloc). Uncounted, a buffer grown by realloc
  * showed as its first size alone: CPython's list growth, 47% of the bytes
  * of a json workload under heaptrack, came out at 2.5%, redis's listpack
  * inserts at 3% of their 68%. */
@@ -447,9 +446,9 @@ void *hak_realloc_impl(void *p, size_t size, uintptr_t site)
     if (kind == SEG_ARENA && size > SLAB_CLASS_MAX) {
         size_t threshold = hak_large_threshold();
         bool resize = size <= threshold || arena_grows_past_threshold(size, site), resized;
-        usable = arena_realloc_in_place(p, size, resize, &resized, "realloc");
+        usable = arena_realloc_in_place(p, size, resize, &resized, site, "realloc"); /* counted there */
         if (resized)
-            return realloc_stayed(p, size, site);
+            return p;
         outgrew = size > usable && usable > threshold;
         if (outgrew)
             site_note_outgrew_arena(site, usable);

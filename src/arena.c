@@ -671,8 +671,13 @@ bool arena_owns(const void *p)
  * its run can grow or shrink in place, into free pages or the wilderness
  * right after it (*resized; else the caller moves it). Returns its usable
  * size before. The check and the resize share one lane lock, a locked
- * instruction. */
-size_t arena_realloc_in_place(void *p, size_t size, bool resize, bool *resized, const char *op)
+ * instruction. A resize is, for the profile, an allocation of size bytes
+ * at site, counted down as a new block's are (the large tier's countdown,
+ * sample_large): where it is a sample the block takes a new record in
+ * place, the old one dying; else an old record takes the new size.
+ * Moving the block instead, a copy of up to the large threshold at each
+ * such sample, made bench_realloc's cycle 18 times as slow. */
+size_t arena_realloc_in_place(void *p, size_t size, bool resize, bool *resized, uintptr_t site, const char *op)
 {
     arena_t *a = arena_of(p);
     uint32_t start, want = arena_class_pages((uint32_t)((size + ARENA_PAGE - 1) >> ARENA_PAGE_SHIFT));
@@ -719,8 +724,14 @@ size_t arena_realloc_in_place(void *p, size_t size, bool resize, bool *resized, 
     size_t grown = done && want > have ? (size_t)(want - have) << ARENA_PAGE_SHIFT : 0;
     if (hak_config.prewarm && stale < grown) /* as a new block's (arena_alloc) */
         os_prefault(page_address(a, end) + stale, grown - stale);
-    if (done && sampled)
+    uint32_t record = done && hak_config.profile ? hak_profile_hooks.large_sample(size, site) : 0;
+    if (record) {
+        if (sampled)
+            hak_profile_hooks.sample_freed(e_record(head));
+        entry_set(a, start, (entry(a, start) & ~E_SAMPLE_BITS) | E_SAMPLED | (uint64_t)record << E_RECORD_SHIFT);
+    } else if (done && sampled) {
         hak_profile_hooks.sample_resized(e_record(head), size);
+    }
     return (size_t)have << ARENA_PAGE_SHIFT;
 }
 

@@ -12,7 +12,7 @@ unsigned arena_lane_next(void);
 void *arena_alloc(size_t size, size_t align, unsigned lane, bool zero);
 void arena_free(void *p, const char *op);
 size_t arena_usable_size(const void *p, const char *op);
-size_t arena_realloc_in_place(void *p, size_t size, bool resize, bool *resized, const char *op);
+size_t arena_realloc_in_place(void *p, size_t size, bool resize, bool *resized, uintptr_t site, const char *op);
 bool arena_owns(const void *p);
 void arena_mark_sampled(void *p, uint32_t record);
 uint64_t arena_purge(bool force);

@@ -20,7 +20,8 @@ typedef struct profile_hooks {
     /* large blocks (large.c): every call counts for the site's rules, one
      * in KPI_LARGE_TIMING is timed, and the countdown picks the samples */
     unsigned (*large_alloc)(uintptr_t site, bool bigcache_hit, uint32_t *rules);
-    uint32_t (*large_sample)(size_t size, uintptr_t site); /* the sample's record, or 0 */
+    uint32_t (*large_sample)(size_t size, uintptr_t site); /* the sample's record, or 0 (and a page-arena
+                                                              block resized in place, arena.c) */
     void (*lifetime)(unsigned index, uint64_t born);
     bool (*wants_touch)(unsigned index);
     void (*touched)(unsigned index, size_t resident, size_t size);

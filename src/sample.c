@@ -162,8 +162,9 @@ static _Atomic size_t mean_peak; /* the largest mean interval any thread took */
  * and frees, timed), and it holds BUDGET_BURST_NS at most, where a thread
  * starts. Where the credit runs out, the thread's mean interval doubles
  * (at most once every BUDGET_WINDOW samples, the evidence of a few); once
- * the samples take less than a quarter of what the time earned, it halves
- * back at each sample, down to HAKMEM_PROFILE_SAMPLE. The burst lets a
+ * the samples take less than half of what the time earned, it halves
+ * back at each sample, down to HAKMEM_PROFILE_SAMPLE (and the samples then
+ * take less than all of it). The burst lets a
  * short program, or a short phase of one, keep the configured interval:
  * the two-site program of test_profile, 35 ms, takes 540 samples of its
  * 300 KB blocks at 2M, at 350 ns each against 76 ns a block (the large
