@@ -36,7 +36,7 @@ LAYERS = [
     ("large blocks", ["large", "bigcache"]),
     ("profiler and tuner", ["sample", "stack", "unwind", "site", "kpi", "learn"]),
     ("dispatch", ["alloc"]),
-    ("introspection", ["stats", "report", "profile_report", "symtab"]),
+    ("introspection", ["stats", "report", "profile_report", "symtab", "lines"]),
     ("entry points", ["init", "override", "override_cxx"]),
 ]
 

@@ -4,7 +4,8 @@
  * text format google-pprof reads, and as folded stacks for flame graphs.
  *
  * Frames are named by dladdr and, for what it cannot name, by the
- * modules' own symbol tables (symtab.c).
+ * modules' own symbol tables (symtab.c), with the source file and line
+ * where the module has a DWARF line table (lines.c).
  *
  * The text report's call sites are stacks grouped by their first frame
  * outside the allocation wrappers: a program that allocates through
@@ -74,6 +75,38 @@ static bool is_wrapper(const char *name)
 
 /* ---- the copy and its names -------------------------------------------------- */
 
+static const uintptr_t *frames_of(const profile_view_t *v, const stack_entry_t *e) { return &v->frames[e->frames]; }
+
+static int by_address(const void *a, const void *b)
+{
+    uintptr_t x = *(const uintptr_t *)a, y = *(const uintptr_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* The addresses the frames' lines are asked for (each return address
+ * minus 1), sorted: the modules' line tables keep the rows for these
+ * alone. Without room, the tables keep every row. */
+static void wanted_addresses(profile_view_t *v)
+{
+    size_t total = 0;
+    for (size_t i = 0; i < v->count; i++)
+        total += v->stacks[i].depth;
+    uintptr_t *wanted = total ? hak_alloc(total * sizeof *wanted, 0) : NULL;
+    if (!wanted)
+        return;
+    size_t n = 0;
+    for (size_t i = 0; i < v->count; i++)
+        for (unsigned k = 0; k < v->stacks[i].depth; k++)
+            wanted[n++] = frames_of(v, &v->stacks[i])[k] - 1;
+    qsort(wanted, n, sizeof *wanted, by_address);
+    size_t unique = 0;
+    for (size_t i = 0; i < n; i++)
+        if (!unique || wanted[i] != wanted[unique - 1])
+            wanted[unique++] = wanted[i];
+    v->symtabs.wanted = wanted;
+    v->symtabs.wanted_count = unique;
+}
+
 bool profile_view_open(profile_view_t *v)
 {
     *v = (profile_view_t){0};
@@ -95,6 +128,7 @@ bool profile_view_open(profile_view_t *v)
     if (dladdr((void *)getauxval(AT_PHDR), &program))
         v->program_base = program.dli_fbase;
     v->count = stack_table_copy(v->stacks, entries, v->frames, frames);
+    wanted_addresses(v);
     return true;
 }
 
@@ -106,7 +140,9 @@ void profile_view_close(profile_view_t *v)
         hak_free_checked(v->frames, "free");
     if (v->symbols)
         hak_free_checked(v->symbols, "free");
-    symtab_free(v->symtabs);
+    symtab_free(&v->symtabs);
+    if (v->symtabs.wanted)
+        hak_free_checked((void *)v->symtabs.wanted, "free");
     *v = (profile_view_t){0};
 }
 
@@ -143,6 +179,7 @@ static const symbol_t *symbol_of(profile_view_t *v, uintptr_t pc)
             s->name = name;
             s->start = start;
         }
+        s->file = symtab_line(&v->symtabs, path, s->base, pc - 1, &s->line);
     }
     return s;
 }
@@ -160,6 +197,20 @@ static void frame_name(profile_view_t *v, uintptr_t pc, char *out, size_t size)
         snprintf(out, size, "0x%zx", (size_t)pc);
 }
 
+/* frame_name's, with " at file:line" after the function where the module
+ * has a line table. */
+static void frame_name_line(profile_view_t *v, uintptr_t pc, char *out, size_t size)
+{
+    const symbol_t *s = symbol_of(v, pc);
+    if (s->name && s->file)
+        snprintf(out, size, "%s+0x%zx at %s:%u (%s)", s->name, (size_t)(pc - s->start), s->file, s->line,
+                 s->module);
+    else if (s->file)
+        snprintf(out, size, "%s+0x%zx at %s:%u", s->module, (size_t)(pc - s->base), s->file, s->line);
+    else
+        frame_name(v, pc, out, size);
+}
+
 /* The function's name alone where it has one (flame graphs merge a
  * function's calls). */
 static void function_name(profile_view_t *v, uintptr_t pc, char *out, size_t size)
@@ -171,7 +222,6 @@ static void function_name(profile_view_t *v, uintptr_t pc, char *out, size_t siz
         frame_name(v, pc, out, size);
 }
 
-static const uintptr_t *frames_of(const profile_view_t *v, const stack_entry_t *e) { return &v->frames[e->frames]; }
 
 /* The stack's first frame outside the wrappers (its last if all are). */
 static unsigned site_frame(profile_view_t *v, const stack_entry_t *e)
@@ -249,9 +299,9 @@ static double mib(double bytes) { return bytes / (1024.0 * 1024.0); }
 
 static void print_group(FILE *out, profile_view_t *v, const site_group_t *g)
 {
-    char name[320];
+    char name[512];
     if (g->pc)
-        frame_name(v, g->pc, name, sizeof name);
+        frame_name_line(v, g->pc, name, sizeof name);
     else
         snprintf(name, sizeof name, "(other stacks: the stack table was full)");
     fprintf(out, "    %12.0f %10.2f %10.2f %8zu..%-8zu %8llu  %s\n", g->allocs, mib(g->bytes),
@@ -261,7 +311,7 @@ static void print_group(FILE *out, profile_view_t *v, const site_group_t *g)
     const stack_entry_t *e = g->heaviest;
     const uintptr_t *f = frames_of(v, e);
     for (unsigned k = g->frame + 1; k < e->depth && k <= g->frame + FRAMES_SHOWN - 1; k++) {
-        frame_name(v, f[k], name, sizeof name);
+        frame_name_line(v, f[k], name, sizeof name);
         fprintf(out, "    %63s from %s\n", "", name);
     }
     if (g->frame) {
@@ -371,6 +421,12 @@ void profile_print_json_stacks(FILE *out, profile_view_t *v)
             frame_name(v, f[k], name, sizeof name);
             fprintf(out, "%s{\"address\":\"0x%zx\",\"name\":", k ? "," : "", (size_t)f[k]);
             json_string(out, name);
+            const symbol_t *s = symbol_of(v, f[k]);
+            if (s->file) {
+                fputs(",\"file\":", out);
+                json_string(out, s->file);
+                fprintf(out, ",\"line\":%u", s->line);
+            }
             fputc('}', out);
         }
         fputs("]}", out);
