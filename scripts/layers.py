@@ -28,7 +28,7 @@ import sys
 LAYERS = [
     ("settings", ["config"]),
     ("the OS contract", ["os"]),
-    ("diagnostics", ["error"]),
+    ("diagnostics", ["error", "fault"]),
     ("tables and options", ["options", "sizeclass", "segmap", "hooks"]),
     ("the purger", ["purger"]),
     ("tiers", ["superslab", "arena"]),

@@ -35,6 +35,7 @@ typedef struct hak_config {
     int hugepages;            /* enum hugepages: large blocks, read when one is new or purged */
     bool purge_thread;
     bool verbose;
+    bool fault_message;
     _Alignas(64) size_t large_threshold;
     int mode;                 /* enum tune_mode */
     bool profile;

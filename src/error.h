@@ -1,5 +1,6 @@
-/* Layer 2, diagnostics (error.c): one-line messages written without
- * malloc or stdio, the reports of bad pointers and corrupt lists. */
+/* Layer 2, diagnostics (error.c, fault.c): one-line messages written
+ * without malloc or stdio, the reports of bad pointers and corrupt lists,
+ * and of faults inside the allocator. */
 #ifndef HAKMEM_ERROR_H
 #define HAKMEM_ERROR_H
 
@@ -19,5 +20,9 @@ void msg_uint(msgbuf_t *m, uint64_t v);
 void hak_report_bad_pointer(const char *op, const void *p, const char *fault);
 void hak_warn(const char *what, const char *detail);
 void hak_fatal(const char *what) __attribute__((noreturn));
+
+/* fault.c: a message for a fault inside hakmem's code, where SIGSEGV and
+ * SIGBUS are at their default. */
+void fault_message_init(void);
 
 #endif

@@ -54,6 +54,8 @@ void hak_init_slow(void)
         segmap_init();
         sizeclass_init();
         options_init();
+        if (hak_config.fault_message)
+            fault_message_init();
         kpi_init();
         purger_init(purge_clients, sizeof purge_clients / sizeof purge_clients[0], heap_caller_busy, report_dump_job);
         os_membarrier_init();
