@@ -27,7 +27,7 @@ import sys
 # layers below it.
 LAYERS = [
     ("settings", ["config"]),
-    ("the OS contract", ["os"]),
+    ("the OS contract", ["os", "limit"]),
     ("diagnostics", ["error", "fault"]),
     ("tables and options", ["options", "sizeclass", "segmap", "hooks"]),
     ("the purger", ["purger"]),
@@ -66,6 +66,9 @@ CYCLES = [
     # (bigcache_put, bigcache_take), and BigCache evicts through large.c
     # (large_unmap).
     {"large", "bigcache"},
+    # One contract in two files: os.c's mappings ask the memory limit
+    # (os_memory_refuses), which reads the kernel's files through os.c.
+    {"os", "limit"},
 ]
 
 

@@ -555,6 +555,10 @@ void *arena_alloc(size_t size, size_t align, unsigned lane_index, bool zero)
         if (start) {
             char *p = page_address(a, start);
             size_t bytes = (size_t)pages << ARENA_PAGE_SHIFT;
+            /* purged pages taken again fault in anew, past any mapping's
+             * check of the memory limit */
+            if (stale < bytes && os_memory_pressed(bytes - stale))
+                purger_release_caches();
             if (hak_config.prewarm && stale < bytes) /* first: a clear of them then faults none */
                 os_prefault(p + stale, bytes - stale);
             if (zero)

@@ -36,6 +36,7 @@ typedef struct hak_config {
     bool purge_thread;
     bool verbose;
     bool fault_message;
+    size_t memory_limit;      /* bytes, 0: the cgroup's */
     _Alignas(64) size_t large_threshold;
     int mode;                 /* enum tune_mode */
     bool profile;

@@ -39,11 +39,14 @@ static const profile_hooks_t profile_hooks = {
     .sample_resized = sample_resized,
 };
 
+/* A thread whose mapping the memory limit refused may be inside its own
+ * heap's update: the other threads' fronts (heaps_purge) wait for the
+ * purger; the tiers' pages go at once. */
 static const purge_client_t purge_clients[] = {
-    {heaps_purge, NULL},
-    {superslab_purge, superslab_unmap_pool},
-    {arena_purge, NULL},
-    {bigcache_collect, bigcache_release},
+    {heaps_purge, NULL, false},
+    {superslab_purge, superslab_unmap_pool, true},
+    {arena_purge, NULL, true},
+    {bigcache_collect, bigcache_release, true},
 };
 
 void hak_init_slow(void)
@@ -56,6 +59,7 @@ void hak_init_slow(void)
         options_init();
         if (hak_config.fault_message)
             fault_message_init();
+        os_memory_limit_init(hak_config.memory_limit);
         kpi_init();
         purger_init(purge_clients, sizeof purge_clients / sizeof purge_clients[0], heap_caller_busy, report_dump_job);
         os_membarrier_init();

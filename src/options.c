@@ -14,15 +14,15 @@
 #include <string.h>
 
 
-enum option_type { OPT_BOOL, OPT_INT, OPT_SIZE, OPT_CHOICE, OPT_STRING };
+enum option_type { OPT_BOOL, OPT_INT, OPT_SIZE, OPT_CHOICE, OPT_STRING, OPT_BYTES };
 
 typedef struct option {
     const char *name;
     enum option_type type;
     const char *default_text;
     const char *meaning;
-    void *target;         /* bool for BOOL, int for CHOICE, long for INT, size_t for SIZE, char[max] for STRING */
-    long min, max;        /* INT and SIZE bounds; STRING: max, the buffer's size */
+    void *target;         /* bool for BOOL, int for CHOICE, long for INT, size_t for SIZE and BYTES, char[max] for STRING */
+    long min, max;        /* INT, SIZE and BYTES bounds; STRING: max, the buffer's size */
     const char *choices[6]; /* CHOICE: value i is choices[i] */
 } option_t;
 
@@ -33,6 +33,9 @@ static option_t options[] = {
     {"HAKMEM_FAULT_MESSAGE", OPT_BOOL, "1",
      "On a segmentation fault or bus error inside hakmem's code (a free list or block header overwritten by the program), write a line naming the likely cause and the hardened library before the process dies as it would have. Installed where the signals are still at their default, in the shared library only.",
      &hak_config.fault_message, 0, 1, {0}},
+    {"HAKMEM_MEMORY_LIMIT", OPT_BYTES, "0",
+     "The most resident memory the process may use: where a new mapping would pass it, hakmem first gives back at once the pages waiting for the purge delay and what its caches hold, and only then fails the allocation with ENOMEM. 0: the limit of the cgroup the process runs in (cgroup v2 memory.max, or v1 memory.limit_in_bytes: the nearest of its cgroup and their parents that sets one, against that cgroup's use), none outside a limited cgroup.",
+     &hak_config.memory_limit, 0, 1L << 50, {0}},
     {"HAKMEM_SUPERSLAB_RESERVE", OPT_INT, "1",
      "Empty 2 MiB SuperSlabs kept mapped for reuse instead of being unmapped.",
      &hak_config.superslab_reserve, 0, 1024, {0}},
@@ -210,6 +213,12 @@ static void option_parse(const option_t *o, const char *value)
         }
         strcpy((char *)o->target, value);
         return;
+    case OPT_BYTES:
+        if (!parse_number(value, true, &number) || number < o->min || number > o->max)
+            warn_value(o, value, "a number of bytes (e.g. 512M)");
+        else
+            *(size_t *)o->target = (size_t)number;
+        return;
     case OPT_INT:
     case OPT_SIZE: {
         bool is_size = o->type == OPT_SIZE;
@@ -255,8 +264,9 @@ static bool option_default_holds(const option_t *o)
 {
     if (o->type == OPT_STRING)
         return strcmp((const char *)o->target, o->default_text) == 0;
-    static const size_t target_sizes[] = {sizeof(bool), sizeof(long), sizeof(size_t), sizeof(int)};
-    _Static_assert(OPT_BOOL == 0 && OPT_INT == 1 && OPT_SIZE == 2 && OPT_CHOICE == 3, "target_sizes' order");
+    static const size_t target_sizes[] = {sizeof(bool), sizeof(long), sizeof(size_t), sizeof(int), 0, sizeof(size_t)};
+    _Static_assert(OPT_BOOL == 0 && OPT_INT == 1 && OPT_SIZE == 2 && OPT_CHOICE == 3 && OPT_BYTES == 5,
+                   "target_sizes' order");
     union {
         bool b;
         int i;
@@ -319,7 +329,7 @@ static void print_size(FILE *out, long v)
 
 HAK_EXPORT void hak_options_print(FILE *out)
 {
-    static const char *const type_names[] = {"bool", "int", "size", "choice", "string"};
+    static const char *const type_names[] = {"bool", "int", "size", "choice", "string", "bytes"};
     for (size_t i = 0; i < OPTION_COUNT; i++) {
         const option_t *o = &options[i];
         fprintf(out, "%s\t%s\t%s\t%s", o->name, type_names[o->type], o->default_text, o->meaning);

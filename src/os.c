@@ -80,6 +80,8 @@ static void *map_failed(void)
 
 void *os_map(size_t size)
 {
+    if (os_memory_refuses(size))
+        return map_failed();
     int saved = errno;
     void *p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     errno = saved;
@@ -113,6 +115,8 @@ static void *map_aligned_at(size_t size, size_t align, size_t offset, int prot, 
 
 void *os_map_aligned_at(size_t size, size_t align, size_t offset)
 {
+    if (os_memory_refuses(size))
+        return map_failed();
     void *p = map_aligned_at(size, align, offset, PROT_READ | PROT_WRITE, 0);
     if (p)
         account_mapped(size);
@@ -127,6 +131,8 @@ void *os_reserve_aligned(size_t size, size_t align) { return map_aligned_at(size
  * limit then, as any mapping: false where the system refuses). */
 bool os_commit(void *p, size_t size)
 {
+    if (os_memory_refuses(size))
+        return false;
     int saved = errno;
     bool done = mprotect(p, size, PROT_READ | PROT_WRITE) == 0;
     errno = saved;
@@ -149,6 +155,8 @@ void *os_map_aligned(size_t size, size_t align) { return os_map_aligned_at(size,
  * to align. */
 void *os_remap_aligned(void *p, size_t old_size, size_t new_size, size_t align, size_t offset)
 {
+    if (os_memory_refuses(new_size - old_size))
+        return map_failed();
     int saved = errno;
     void *q = mremap(p, old_size, new_size, 0);
     if (q == MAP_FAILED) {

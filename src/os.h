@@ -54,6 +54,16 @@ void os_release(void *p, size_t size, size_t committed);
 void *os_map_aligned(size_t size, size_t align);
 void *os_map_aligned_at(size_t size, size_t align, size_t offset);
 void *os_remap_aligned(void *p, size_t old_size, size_t new_size, size_t align, size_t offset);
+/* limit.c: the memory limit (bytes, 0 for the cgroup's own, if any) is
+ * read at init; a mapping of `adding` bytes is refused where the memory
+ * in use and it would pass the limit. */
+void os_memory_limit_init(size_t bytes);
+size_t os_memory_limit(void); /* 0: none */
+bool os_memory_refuses(size_t adding);
+/* Pages already mapped are about to fault in anew: true, every so many
+ * bytes, where the memory in use has come near the limit (the caller
+ * purges what waits). */
+bool os_memory_pressed(size_t bytes);
 /* False when the kernel refused (vm.max_map_count): the range is then
  * purged instead, still mapped and counted. */
 bool os_unmap(void *p, size_t size);

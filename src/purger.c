@@ -66,15 +66,26 @@ static uint64_t purge_pass(void)
 
 /* The out-of-memory retry: a mapping failed, so every client gives back
  * what it holds that no one uses, last registered first (BigCache's
- * blocks before the SuperSlab pool). True if that unmapped anything: the
- * caller maps again. */
+ * blocks before the SuperSlab pool). Under a memory limit (limit.c) the
+ * pages waiting for the purge delay go back first, from the clients that
+ * may purge in the caller's thread. True if the caller should map again:
+ * that unmapped anything, or a limit may have refused the mapping. */
 bool purger_release_caches(void)
 {
     size_t before = atomic_load_explicit(&hak_mapped_bytes, memory_order_relaxed);
+    bool limited = os_memory_limit() != 0;
+    if (limited) {
+        bool was = collecting;
+        collecting = true;
+        for (unsigned i = 0; i < client_count; i++)
+            if (clients[i].when_refused)
+                clients[i].purge(true);
+        collecting = was;
+    }
     for (unsigned i = client_count; i-- > 0;)
         if (clients[i].release)
             clients[i].release();
-    return atomic_load_explicit(&hak_mapped_bytes, memory_order_relaxed) < before;
+    return limited || atomic_load_explicit(&hak_mapped_bytes, memory_order_relaxed) < before;
 }
 
 /* Sleep ms, unless a stop is asked. Called and returns with purger_lock

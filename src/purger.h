@@ -13,6 +13,7 @@
 typedef struct purge_client {
     uint64_t (*purge)(bool force);
     void (*release)(void);
+    bool when_refused; /* purge(true) runs in the thread whose mapping the memory limit refused */
 } purge_client_t;
 
 extern _Atomic bool hak_purger_start_wanted;

@@ -15,6 +15,7 @@
 #include <string.h>
 #include <strings.h>
 #include <time.h>
+#include <unistd.h>
 
 #if !defined(__GLIBC__) && !defined(HAKMEM_TEST_HAK_NAMES)
 /* glibc's malloc_trim and pvalloc, which hakmem exports on any C library
@@ -24,6 +25,18 @@ void *pvalloc(size_t size);
 #endif
 
 static int checks_passed, checks_failed;
+
+/* What a child writes on a pipe, up to size - 1 bytes, NUL-terminated; the
+ * descriptor is closed. */
+static inline void read_to_end(int fd, char *buf, size_t size)
+{
+    size_t got = 0;
+    ssize_t n;
+    while (got + 1 < size && (n = read(fd, buf + got, size - 1 - got)) > 0)
+        got += (size_t)n;
+    buf[got] = 0;
+    close(fd);
+}
 
 #define CHECK(cond)                                                                    \
     do {                                                                               \

@@ -70,12 +70,8 @@ static void run_case(const fault_case_t *c, bool hardened)
         _exit(99);
     }
     close(err[1]);
-    char message[2048] = {0};
-    size_t got = 0;
-    ssize_t n;
-    while ((n = read(err[0], message + got, sizeof message - 1 - got)) > 0)
-        got += (size_t)n;
-    close(err[0]);
+    char message[2048];
+    read_to_end(err[0], message, sizeof message);
     int status = 0;
     waitpid(pid, &status, 0);
     /* The hardened library checks the links: it aborts at the first bad
