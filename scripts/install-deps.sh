@@ -5,6 +5,8 @@
 set -u
 # google-perftools: google-pprof, which reads hakmem's heap profiles (tests/launcher.sh)
 test_packages="cmake make gcc g++ binutils pkg-config python3 git coreutils valgrind clang sqlite3 perl redis-server redis-tools musl-tools linux-libc-dev google-perftools"
+# the aarch64 cross build and the emulator its tests run under
+test_packages="$test_packages gcc-aarch64-linux-gnu g++-aarch64-linux-gnu qemu-user-static"
 # python3's own test modules, for the real-program tests
 pyver=$(/usr/bin/python3 -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null || echo 3.11)
 test_packages="$test_packages libpython$pyver-testsuite"

@@ -26,6 +26,48 @@ void *pvalloc(size_t size);
 
 static int checks_passed, checks_failed;
 
+/* Where the tests of another CPU run under an emulator, TEST_EMULATOR
+ * names it ("qemu-aarch64 -L /usr/aarch64-linux-gnu"). */
+static inline const char *test_emulator(void)
+{
+    const char *emulator = getenv("TEST_EMULATOR");
+    return emulator && *emulator ? emulator : NULL;
+}
+
+/* This program again in a fresh image, with args (NULL-terminated, args[0]
+ * its name), as a forked child's last act; returns only if that fails.
+ * Under an emulator, through it: the kernel cannot run the program's file
+ * itself there. */
+static inline void exec_self(char *const args[])
+{
+    const char *emulator = test_emulator();
+    if (!emulator) {
+        execv("/proc/self/exe", args);
+        return;
+    }
+    static char self[4096], words[512];
+    ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1); /* the emulator names the program's file */
+    if (n <= 0)
+        return;
+    self[n] = 0;
+    snprintf(words, sizeof words, "%s", emulator);
+    char *argv[64];
+    int k = 0;
+    for (char *w = strtok(words, " "); w && k < 32; w = strtok(NULL, " "))
+        argv[k++] = w;
+    argv[k++] = self;
+    for (int i = 1; args[i] && k < 63; i++)
+        argv[k++] = args[i];
+    argv[k] = NULL;
+    execvp(argv[0], argv);
+}
+
+/* Whether a forked child of a process of several threads may start
+ * threads: not under Debian 12's qemu-user (7.2), which aborts there
+ * ("qemu_plugin_vcpu_init_hook: assertion failed"), with or without
+ * hakmem. Where it may not, the child runs the thread's function itself. */
+static inline bool threads_after_fork(void) { return test_emulator() == NULL; }
+
 /* What a child writes on a pipe, up to size - 1 bytes, NUL-terminated; the
  * descriptor is closed. */
 static inline void read_to_end(int fd, char *buf, size_t size)
@@ -36,6 +78,15 @@ static inline void read_to_end(int fd, char *buf, size_t size)
         got += (size_t)n;
     buf[got] = 0;
     close(fd);
+    /* qemu-user's own line on a signal that ends the program is not the
+     * program's */
+    static const char qemu[] = "qemu: uncaught target signal";
+    char *line = test_emulator() ? strstr(buf, qemu) : NULL;
+    if (line) {
+        char *next = strchr(line, '\n');
+        next = next ? next + 1 : line + strlen(line);
+        memmove(line, next, strlen(next) + 1);
+    }
 }
 
 #define CHECK(cond)                                                                    \

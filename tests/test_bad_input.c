@@ -343,18 +343,14 @@ static void run_case(const bad_case_t *c, int warn)
         if (warn)
             setenv("HAKMEM_ON_ERROR", "warn", 1);
         /* Options are read at init: run the case in a fresh image. */
-        execl("/proc/self/exe", "test_bad_input", "--case", c->name, (char *)NULL);
+        exec_self((char *[]){"test_bad_input", "--case", (char *)c->name, NULL});
         _exit(99);
     }
     close(out[1]);
     close(err[1]);
-    char pointer[64] = {0}, message[1024] = {0};
-    ssize_t n = read(out[0], pointer, sizeof pointer - 1);
-    size_t got = 0;
-    while ((n = read(err[0], message + got, sizeof message - 1 - got)) > 0)
-        got += (size_t)n;
-    close(out[0]);
-    close(err[0]);
+    char pointer[64], message[1024];
+    read_to_end(out[0], pointer, sizeof pointer);
+    read_to_end(err[0], message, sizeof message);
     int status = 0;
     waitpid(pid, &status, 0);
     char *newline = strchr(pointer, '\n');

@@ -66,7 +66,7 @@ static void run_case(const fault_case_t *c, bool hardened)
         dup2(err[1], STDERR_FILENO);
         if (c->option)
             setenv("HAKMEM_FAULT_MESSAGE", c->option, 1);
-        execl("/proc/self/exe", "test_fault", "--case", c->name, (char *)NULL);
+        exec_self((char *[]){"test_fault", "--case", (char *)c->name, NULL});
         _exit(99);
     }
     close(err[1]);

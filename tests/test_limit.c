@@ -102,7 +102,7 @@ static outcome_t run(const char *limit, const char *cgroup, int fill)
         setenv("HAKMEM_PURGE_DELAY_MS", "10000", 1);
         char fill_text[16];
         snprintf(fill_text, sizeof fill_text, "%d", fill);
-        execl("/proc/self/exe", "test_limit", "--workload", fill_text, (char *)NULL);
+        exec_self((char *[]){"test_limit", "--workload", fill_text, NULL});
         _exit(99);
     }
     close(out[1]);

@@ -461,7 +461,7 @@ static void test_sample_starting_purger(void)
             setenv("HAKMEM_PURGE_DELAY_MS", "20", 1);
             char warmup[16];
             snprintf(warmup, sizeof warmup, "%d", i % 3);
-            execl("/proc/self/exe", "test_profile", "sample_starting_purger_child", warmup, (char *)NULL);
+            exec_self((char *[]){"test_profile", "sample_starting_purger_child", warmup, NULL});
             _exit(99);
         }
         int status = 0;

@@ -405,8 +405,12 @@ static int fork_child(block_t *held, unsigned count)
     for (unsigned i = 1; i < count; i += 2)
         block_realloc(&held[i], &rng);
     pthread_t t;
-    pthread_create(&t, NULL, child_thread, NULL);
-    pthread_join(t, NULL);
+    if (threads_after_fork()) {
+        pthread_create(&t, NULL, child_thread, NULL);
+        pthread_join(t, NULL);
+    } else {
+        child_thread(NULL);
+    }
     for (int i = 0; i < 300; i++)
         block_free(&fresh[i], "child: new block");
     for (unsigned i = 1; i < count; i += 2)

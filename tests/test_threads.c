@@ -1183,8 +1183,12 @@ static int child_work(void **inherited, int count)
     }
     static void *blocks[1000];
     pthread_t t;
-    ok &= pthread_create(&t, NULL, child_thread, blocks) == 0;
-    pthread_join(t, NULL);
+    if (threads_after_fork()) {
+        ok &= pthread_create(&t, NULL, child_thread, blocks) == 0;
+        pthread_join(t, NULL);
+    } else {
+        child_thread(blocks);
+    }
     for (int i = 0; i < 1000; i++) {
         ok &= hak_owns(blocks[i]);
         free(blocks[i]); /* freed by another thread than the one that made them */
