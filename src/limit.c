@@ -205,7 +205,7 @@ static size_t memory_in_use(void)
         return 0;
     for (c++; *c >= '0' && *c <= '9'; c++)
         v = v * 10 + (uint64_t)(*c - '0');
-    return (size_t)v * os_page_size();
+    return (size_t)v * os_kernel_page_size();
 }
 
 bool os_memory_pressed(size_t bytes)

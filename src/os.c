@@ -59,7 +59,8 @@ static void account_mapped(size_t size)
         ;
 }
 
-size_t os_page_size(void)
+/* The kernel's page, read once: what mincore and statm count in. */
+size_t os_kernel_page_size(void)
 {
     static _Atomic size_t page; /* threads may race to fill it, with the same value */
     size_t size = atomic_load_explicit(&page, memory_order_relaxed);
@@ -68,6 +69,19 @@ size_t os_page_size(void)
         atomic_store_explicit(&page, size, memory_order_relaxed);
     }
     return size;
+}
+
+/* The page hakmem lays out by: the kernel's, or, in a build made to test
+ * larger pages on a kernel of 4 KiB ones (HAKMEM_PAGE_SIZE, a multiple of
+ * the kernel's: the aarch64 test build takes 64 KiB, as RHEL's and
+ * Ampere's kernels run), that one. */
+size_t os_page_size(void)
+{
+#ifdef HAKMEM_PAGE_SIZE
+    return HAKMEM_PAGE_SIZE;
+#else
+    return os_kernel_page_size();
+#endif
 }
 
 /* The mapping calls keep errno on success and return NULL with errno
@@ -208,18 +222,38 @@ bool os_unmap(void *p, size_t size)
  * kernel needs the pages (neither matters: purged pages are free). Pages
  * of a program that locked its memory (mlockall) refuse both (EINVAL);
  * MADV_DONTNEED_LOCKED (Linux 5.18) drops them, and they come back locked
- * when touched again. */
+ * when touched again.
+ *
+ * Only the whole pages inside the range go back. The page arenas count
+ * 4 KiB pages: on a kernel of 16 or 64 KiB pages a range may begin or end
+ * inside one of the kernel's, whose other bytes belong to a live block,
+ * and madvise would refuse a start inside one and take a length up to the
+ * page's end. Those edge bytes stay resident and are cleared instead,
+ * where purged pages must read as zeros. */
 void os_purge(void *p, size_t size)
 {
+    uintptr_t page = os_page_size(), from = (uintptr_t)p, to = from + size;
+    uintptr_t first = (from + page - 1) & ~(page - 1), last = to & ~(page - 1);
+    if (first >= last) {
+        first = last = to; /* inside one page: nothing goes back */
+    }
+    if (os_purged_pages_read_zero()) {
+        memset(p, 0, first - from);
+        memset((void *)last, 0, to - last);
+    }
+    if (first == last)
+        return;
     int saved = errno;
+    void *whole = (void *)first;
+    size = last - first;
 #ifdef MADV_FREE
-    if (hak_config.purge_advice == PURGE_FREE && madvise(p, size, MADV_FREE) == 0) {
+    if (hak_config.purge_advice == PURGE_FREE && madvise(whole, size, MADV_FREE) == 0) {
         errno = saved;
         return;
     }
 #endif
-    if (madvise(p, size, MADV_DONTNEED) != 0 && errno == EINVAL)
-        madvise(p, size, MADV_DONTNEED_LOCKED);
+    if (madvise(whole, size, MADV_DONTNEED) != 0 && errno == EINVAL)
+        madvise(whole, size, MADV_DONTNEED_LOCKED);
     errno = saved;
 }
 
@@ -320,7 +354,7 @@ uint64_t os_now_ns(void)
 size_t os_resident_bytes(const void *p, size_t size)
 {
     int saved = errno;
-    size_t page = os_page_size(), resident = 0;
+    size_t page = os_kernel_page_size(), resident = 0;
     unsigned char vec[256];
     for (size_t off = 0; off < size; off += sizeof vec * page) {
         size_t len = size - off < sizeof vec * page ? size - off : sizeof vec * page;

@@ -104,7 +104,11 @@ bool os_file_id(int fd, os_file_id_t *id);
 void os_membarrier_init(void);
 bool os_membarrier(void);
 uint64_t os_random(void);
+/* The page hakmem lays out by (a build may take a larger one than the
+ * kernel's, HAKMEM_PAGE_SIZE), and the kernel's own, which mincore and
+ * /proc count in. */
 size_t os_page_size(void);
+size_t os_kernel_page_size(void);
 uint64_t os_now_ms(void);
 uint64_t os_now_ns(void);
 size_t os_resident_bytes(const void *p, size_t size);

@@ -26,6 +26,17 @@ void *pvalloc(size_t size);
 
 static int checks_passed, checks_failed;
 
+/* The page hakmem lays out by: the kernel's, or a test build's larger
+ * HAKMEM_PAGE_SIZE (os_page_size). */
+static inline size_t hakmem_page(void)
+{
+#ifdef HAKMEM_PAGE_SIZE
+    return HAKMEM_PAGE_SIZE;
+#else
+    return (size_t)sysconf(_SC_PAGESIZE);
+#endif
+}
+
 /* Where the tests of another CPU run under an emulator, TEST_EMULATOR
  * names it ("qemu-aarch64 -L /usr/aarch64-linux-gnu"). */
 static inline const char *test_emulator(void)

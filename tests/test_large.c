@@ -105,7 +105,7 @@ static void test_colours(void)
     for (int i = 0; i < N; i++) {
         void *aligned = aligned_alloc(256, 3 * MiB);
         CHECK(aligned && hak_owns(aligned));
-        CHECK(((uintptr_t)aligned & 255) == 0 && ((uintptr_t)aligned & (2 * MiB - 1)) < 4096);
+        CHECK(((uintptr_t)aligned & 255) == 0 && ((uintptr_t)aligned & (2 * MiB - 1)) < hakmem_page());
         free(aligned);
         hak_collect(true);
     }
@@ -172,8 +172,8 @@ static void test_grown_buffer_reused(void)
  * first page) pushes its end into, and in the hardened build a guard page. */
 static bool cache_holds(size_t n, size_t bytes)
 {
-    size_t held = stats().bigcache_bytes, guard = stats().hardened ? 4096 : 0;
-    return held >= bytes && held <= bytes + n * (2 * 4096 + guard);
+    size_t page = hakmem_page(), held = stats().bigcache_bytes, guard = stats().hardened ? page : 0;
+    return held >= bytes && held <= bytes + n * (2 * page + guard);
 }
 
 /* n blocks of size from site a, all live at once, then all freed. */
@@ -288,14 +288,14 @@ static void test_reshape_when_full(void)
     free(grown);
     usleep(250 * 1000);
     hak_collect(false); /* and fills the ring again: 3, 3, 3 and 8 MiB, oldest first */
-    size_t small = MiB + 4096;
+    size_t small = MiB + hakmem_page();
     char *cut = alloc_site_a(small); /* a 3 MiB block is cut, not the 8 MiB one */
     CHECK(cut != NULL && malloc_usable_size(cut) >= 2 * MiB && malloc_usable_size(cut) < 2 * small);
     memset(cut, 8, small);
     hak_stats_t s2 = stats();
     CHECK(s2.large_allocs == s0.large_allocs);
     CHECK(s2.bigcache_reshaped == s0.bigcache_reshaped + 2);
-    CHECK(s2.mapped_bytes + MiB - 4096 == s1.mapped_bytes); /* its top MiB but a page went */
+    CHECK(s2.mapped_bytes + MiB - hakmem_page() == s1.mapped_bytes); /* its top MiB but a page went */
     free(cut);
     usleep(250 * 1000);
     hak_collect(false); /* 3, 3, 8 and the cut block */
@@ -331,7 +331,7 @@ static void test_ring_budget(void)
     }
     printf("ring budget: at most %.1f MiB cached\n", most / (double)MiB);
     /* the budget (64 MiB), one block past it, the front's block */
-    CHECK(most <= 64 * MiB + 64 * MiB + 64 * MiB + 16 * 3 * 4096);
+    CHECK(most <= 64 * MiB + 64 * MiB + 64 * MiB + 16 * 3 * hakmem_page());
     hak_collect(true);
 }
 
