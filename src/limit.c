@@ -30,6 +30,7 @@ static size_t limit_bytes;   /* 0: no limit */
 static char usage_path[320]; /* the cgroup's memory.current; "": the process's resident memory */
 static char stat_path[320];  /* the cgroup's memory.stat */
 static const char *inactive_key; /* its line of inactive file pages */
+static char source[256];         /* what set the limit, for the report */
 
 /* a then b into out (size bytes); false if they do not fit. */
 static bool join(char *out, size_t size, const char *a, const char *b)
@@ -112,7 +113,7 @@ static bool nearest_limit(char *dir, const char *root, const char *max, const ch
         bool none;
         if (join(path, sizeof path, dir, max) && read_number(path, &bytes, &none) && !none && bytes &&
             bytes < ((uint64_t)1 << 62) && join(stat_path, sizeof stat_path, dir, "/memory.stat") &&
-            join(usage_path, sizeof usage_path, dir, current)) {
+            join(usage_path, sizeof usage_path, dir, current) && join(source, sizeof source, "the cgroup ", dir)) {
             limit_bytes = (size_t)bytes;
             return true;
         }
@@ -151,12 +152,15 @@ void os_memory_limit_init(size_t bytes)
     if (bytes) {
         limit_bytes = bytes;
         usage_path[0] = 0;
+        join(source, sizeof source, "HAKMEM_MEMORY_LIMIT", "");
     } else {
         cgroup_limit();
     }
 }
 
 size_t os_memory_limit(void) { return limit_bytes; }
+
+const char *os_memory_limit_source(void) { return source; }
 
 /* The cgroup's inactive file pages: page cache the kernel takes back
  * before it kills anything, which the use counts (the working set that

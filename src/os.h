@@ -59,6 +59,7 @@ void *os_remap_aligned(void *p, size_t old_size, size_t new_size, size_t align, 
  * in use and it would pass the limit. */
 void os_memory_limit_init(size_t bytes);
 size_t os_memory_limit(void); /* 0: none */
+const char *os_memory_limit_source(void); /* "HAKMEM_MEMORY_LIMIT" or "the cgroup DIR" */
 bool os_memory_refuses(size_t adding);
 /* Pages already mapped are about to fault in anew: true, every so many
  * bytes, where the memory in use has come near the limit (the caller

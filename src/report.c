@@ -92,6 +92,8 @@ static void print_counters(FILE *out)
 static void print_memory(FILE *out, const hak_stats_t *s)
 {
     fprintf(out, "  mapped        %10.2f MiB now, %10.2f MiB peak\n", mib(s->mapped_bytes), mib(s->mapped_peak));
+    if (os_memory_limit())
+        fprintf(out, "  memory limit  %10.2f MiB, from %s\n", mib(os_memory_limit()), os_memory_limit_source());
     fprintf(out, "  superslabs    %10zu (%zu empty, in reserve)\n", s->superslabs, s->superslabs_empty);
     fprintf(out, "  tiny          %10zu slabs, %10.2f MiB in blocks\n", s->tiny_slabs, mib(s->tiny_bytes));
     fprintf(out, "  mid           %10zu slabs, %10.2f MiB in blocks\n", s->mid_slabs, mib(s->mid_bytes));
@@ -208,12 +210,14 @@ HAK_EXPORT void hak_stats_print_json(FILE *out)
                  "\"superslabs_empty\":%zu,\"tiny_slabs\":%zu,\"mid_slabs\":%zu,\"tiny_bytes\":%zu,\"mid_bytes\":%zu,"
                  "\"arenas\":%zu,\"arena_bytes\":%zu,\"arena_pooled_bytes\":%zu,\"arena_free_bytes\":%zu,\"arena_dirty_bytes\":%zu,"
                  "\"large_blocks\":%zu,\"large_bytes\":%zu,\"large_allocs\":%llu,\"large_huge\":%llu,\"bigcache_hits\":%llu,\"bigcache_misses\":%llu,"
-                 "\"bigcache_reshaped\":%llu,\"bigcache_bytes\":%zu,\"slab_refills\":%llu,\"heaps_live\":%zu,\"heaps_orphaned\":%zu},",
+                 "\"bigcache_reshaped\":%llu,\"bigcache_bytes\":%zu,\"slab_refills\":%llu,\"heaps_live\":%zu,\"heaps_orphaned\":%zu,"
+                 "\"memory_limit\":%zu},",
             s->hardened ? "true" : "false", s->mapped_bytes, s->mapped_peak, s->superslabs, s->superslabs_empty, s->tiny_slabs,
             s->mid_slabs, s->tiny_bytes, s->mid_bytes, s->arenas, s->arena_bytes, s->arena_pooled_bytes, s->arena_free_bytes,
             s->arena_dirty_bytes, s->large_blocks, s->large_bytes, (unsigned long long)s->large_allocs, (unsigned long long)s->large_huge,
             (unsigned long long)s->bigcache_hits, (unsigned long long)s->bigcache_misses,
-            (unsigned long long)s->bigcache_reshaped, s->bigcache_bytes, (unsigned long long)s->slab_refills, s->heaps_live, s->heaps_orphaned);
+            (unsigned long long)s->bigcache_reshaped, s->bigcache_bytes, (unsigned long long)s->slab_refills, s->heaps_live, s->heaps_orphaned,
+            os_memory_limit());
     fprintf(out, "\"kpi\":{\"rss_bytes\":%zu,\"rss_peak_bytes\":%zu,\"page_faults_minor\":%llu,"
                  "\"page_faults_major\":%llu,\"latency_samples\":%llu,\"latency_mean_ns\":%.1f,\"latency_p50_ns\":%.1f,"
                  "\"latency_p95_ns\":%.1f,\"latency_p99_ns\":%.1f,\"latency_allocations\":%llu},",

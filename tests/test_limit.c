@@ -56,8 +56,26 @@ static bool phase(size_t size)
     return all;
 }
 
+/* What the report names as the limit's source: 1 the option, 2 a cgroup,
+ * 0 no limit. */
+static int report_source(void)
+{
+    char *text = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&text, &len);
+    if (!f)
+        return -1;
+    hak_stats_print(f);
+    fclose(f);
+    const char *line = strstr(text, "  memory limit  ");
+    int source = !line ? 0 : strstr(line, "MiB, from HAKMEM_MEMORY_LIMIT\n") ? 1
+                             : strstr(line, "MiB, from the cgroup /sys/fs/cgroup") ? 2 : -1;
+    free(text);
+    return source;
+}
+
 /* The child: the phases, then 1 MiB blocks kept until one fails (up to
- * `fill`). Prints "served failed_with_enomem peak_kib". */
+ * `fill`). Prints "served kept failed_with_enomem peak_kib source". */
 static int workload(int fill)
 {
     bool served = phase(256 << 10) && phase(4 * MiB) && phase(512);
@@ -67,7 +85,10 @@ static int workload(int fill)
     while (n < fill && (kept[n] = touched(MiB)) != NULL)
         n++;
     bool enomem = n < fill && errno == ENOMEM;
-    printf("%d %d %d %zu\n", served, n, enomem, status_kib("VmHWM:"));
+    size_t peak = status_kib("VmHWM:");
+    for (int i = 0; i < n; i++)
+        free(kept[i]);
+    printf("%d %d %d %zu %d\n", served, n, enomem, peak, report_source());
     return 0;
 }
 
@@ -75,6 +96,7 @@ typedef struct outcome {
     int status;
     int served, kept, enomem;
     size_t peak_kib;
+    int source; /* report_source */
 } outcome_t;
 
 /* The workload in a fresh process: with the limit option when not NULL,
@@ -109,7 +131,8 @@ static outcome_t run(const char *limit, const char *cgroup, int fill)
     char text[256];
     read_to_end(out[0], text, sizeof text);
     waitpid(pid, &o.status, 0);
-    sscanf(text, "%d %d %d %zu", &o.served, &o.kept, &o.enomem, &o.peak_kib);
+    o.source = -2;
+    sscanf(text, "%d %d %d %zu %d", &o.served, &o.kept, &o.enomem, &o.peak_kib, &o.source);
     return o;
 }
 
@@ -180,11 +203,13 @@ int main(int argc, char **argv)
     CHECK(limited.served);
     CHECK(limited.peak_kib && limited.peak_kib <= limit_kib);
     CHECK(limited.enomem && limited.kept >= 40 && limited.kept <= 64);
+    CHECK(limited.source == 1); /* the report's "memory limit 64.00 MiB, from HAKMEM_MEMORY_LIMIT" */
 
     /* The same without a limit: the freed pages wait, the peak passes it. */
     outcome_t free_run = run(NULL, NULL, 0);
     printf("no limit: phases served %d, peak %zu KiB\n", free_run.served, free_run.peak_kib);
     CHECK(WIFEXITED(free_run.status) && free_run.served);
+    CHECK(free_run.source == 0 || free_run.source == 2); /* this machine's cgroup may have a limit */
     CHECK(free_run.peak_kib > limit_kib + 16 * 1024);
 
     char dir[512];
@@ -197,6 +222,7 @@ int main(int argc, char **argv)
                in_cgroup.status, in_cgroup.served, in_cgroup.kept, in_cgroup.enomem, in_cgroup.peak_kib);
         CHECK(WIFEXITED(in_cgroup.status) && WEXITSTATUS(in_cgroup.status) == 0);
         CHECK(in_cgroup.served && in_cgroup.enomem);
+        CHECK(in_cgroup.source == 2);
         outcome_t ignored = run("1T", dir, 200);
         printf("in it, the limit ignored (HAKMEM_MEMORY_LIMIT=1T): status %#x\n", ignored.status);
         CHECK(WIFSIGNALED(ignored.status) && WTERMSIG(ignored.status) == SIGKILL);
