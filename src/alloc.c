@@ -88,8 +88,8 @@ static inline void *hak_alloc_mid(unsigned c, size_t size, uintptr_t site)
 
 /* A block of the page arenas from the thread's lane, cleared if asked.
  * The allocation that ends a sampling interval is the sample, as in the
- * slabs. Where no arena can be mapped (an address-space limit: an arena
- * reserves 64 MiB), the block gets a mapping of its own. */
+ * slabs. Where no arena can be mapped (a limit of address space reached),
+ * the block gets a mapping of its own. */
 static HAK_NOINLINE void *hak_alloc_arena_slow(size_t size, size_t align, uintptr_t site, bool zero)
 {
     heap_t *heap = heap_get();

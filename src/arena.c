@@ -89,7 +89,9 @@ typedef struct arena {
     struct lane *lane;
     _Alignas(64) uint32_t top; /* first page of the wilderness: everything above is free */
     uint32_t dirty_end;       /* the wilderness's pages below this may be resident */
-    uint32_t commit_end;      /* pages below are accessible (committed in ARENA_COMMIT steps) */
+    uint32_t commit_end;      /* pages below are mapped (in ARENA_COMMIT_PAGES steps) */
+    uint32_t end;             /* the arena grows no further: ARENA_PAGES, or where it met another mapping */
+    bool reserved;            /* its whole window is reserved; else only pages below commit_end are mapped */
     uint32_t used_pages;      /* in blocks handed out */
     uint32_t free_pages;      /* in free extents below top */
     uint32_t dirty_free_pages; /* of which flagged dirty */
@@ -108,6 +110,8 @@ _Static_assert(offsetof(arena_t, map) == ARENA_MAP_OFFSET, "arena_head_entry fin
 #define ARENA_HEADER_PAGES ((sizeof(arena_t) + ARENA_PAGE - 1) / ARENA_PAGE)
 #define ARENA_FIRST_PAGE ((uint32_t)ARENA_HEADER_PAGES)
 #define ARENA_COMMIT_PAGES ((uint32_t)(((size_t)2 << 20) / ARENA_PAGE)) /* commit 2 MiB at a time */
+_Static_assert(((size_t)ARENA_COMMIT_PAGES << ARENA_PAGE_SHIFT) % SS_SIZE == 0,
+               "an arena maps whole chunks of the segment map");
 /* A free that leaves more than HAKMEM_ARENA_TRIM of dirty wilderness
  * trims it to half that at once; the rest waits for the purger. mallopt's
  * M_TRIM_THRESHOLD may set it while other threads read it. */
@@ -290,22 +294,47 @@ static uint32_t bin_best_fit(arena_t *a, uint32_t pages)
  * heap, gets huge pages where the system gives them. */
 #define ARENA_SMALL_PAGES_BYTES ((size_t)4 << 20)
 
+/* An arena maps only the pages it uses, 2 MiB at a time, from the start
+ * of a free window of 64 MiB (os_map_window), and grows by mapping the
+ * next pages of the window (os_map_more); where another mapping took
+ * them, the arena ends there (a->end) and the lane makes another. The
+ * windows lie far below where the kernel maps, so that little else is
+ * ever mapped into them. Reserving the whole window at once, no access,
+ * keeps other mappings out but counts as 64 MiB of the process's address
+ * space: under a limit of it (ulimit -v 200000) a program of 48 KiB
+ * blocks got a third of the bytes glibc served it, and python3 started at
+ * a VmSize of 92 MiB against glibc's 13.7. An arena is reserved so only
+ * where there is no far window (the kernel maps from the bottom up, as
+ * under valgrind, or the address space is small), and where that is
+ * refused too, windowed next to the kernel's mappings. Its segment map
+ * entries are set for the chunks it maps, no more. */
 static arena_t *arena_new(lane_t *l)
 {
-    arena_t *a = os_reserve_aligned(ARENA_SIZE, ARENA_SIZE);
-    if (!a)
-        return NULL;
-    os_advise_small_pages(a, ARENA_SMALL_PAGES_BYTES);
     uint32_t commit = (ARENA_FIRST_PAGE + ARENA_COMMIT_PAGES - 1) / ARENA_COMMIT_PAGES * ARENA_COMMIT_PAGES;
-    if (!os_commit(a, (size_t)commit << ARENA_PAGE_SHIFT)) {
-        os_release(a, ARENA_SIZE, 0);
+    size_t bytes = (size_t)commit << ARENA_PAGE_SHIFT;
+    bool reserved = false;
+    arena_t *a = os_map_window(bytes, ARENA_SIZE, true);
+    if (!a && (a = os_reserve_aligned(ARENA_SIZE, ARENA_SIZE)) != NULL) {
+        reserved = true;
+        if (!os_commit(a, bytes)) {
+            os_release(a, ARENA_SIZE, 0);
+            return NULL;
+        }
+    }
+    if (!a && !(a = os_map_window(bytes, ARENA_SIZE, false)))
+        return NULL;
+    if (!segmap_cover(a, ARENA_SIZE)) { /* the whole window's: growing cannot fail on it */
+        os_release(a, reserved ? ARENA_SIZE : bytes, bytes);
         return NULL;
     }
+    os_advise_small_pages(a, reserved ? ARENA_SMALL_PAGES_BYTES : bytes);
     a->magic = ARENA_MAGIC;
     a->lane = l;
     a->top = a->dirty_end = a->top_high = ARENA_FIRST_PAGE;
     a->commit_end = commit;
-    segmap_set_all(a, ARENA_SIZE, SEG_ARENA);
+    a->end = ARENA_PAGES;
+    a->reserved = reserved;
+    segmap_set_all(a, reserved ? ARENA_SIZE : bytes, SEG_ARENA);
     arena_t **link = &l->arenas;
     while (*link)
         link = &(*link)->next;
@@ -320,8 +349,59 @@ static void arena_unmap(lane_t *l, arena_t *a)
             *link = a->next;
             break;
         }
-    segmap_clear(a, ARENA_SIZE);
-    os_release(a, ARENA_SIZE, (size_t)a->commit_end << ARENA_PAGE_SHIFT);
+    size_t mapped = (size_t)a->commit_end << ARENA_PAGE_SHIFT;
+    segmap_clear(a, a->reserved ? ARENA_SIZE : mapped);
+    os_release(a, a->reserved ? ARENA_SIZE : mapped, mapped);
+}
+
+/* Make a's pages below `end` usable, in steps of ARENA_COMMIT_PAGES:
+ * committed in its reservation, or mapped in its window. */
+static bool arena_commit(arena_t *a, uint32_t end)
+{
+    uint32_t commit = (end + ARENA_COMMIT_PAGES - 1) / ARENA_COMMIT_PAGES * ARENA_COMMIT_PAGES;
+    if (commit > a->end)
+        commit = a->end;
+    char *from = page_address(a, a->commit_end);
+    size_t bytes = (size_t)(commit - a->commit_end) << ARENA_PAGE_SHIFT;
+    if (a->reserved) {
+        if (!os_commit(from, bytes))
+            return false;
+    } else {
+        if (!os_map_more(from, bytes)) {
+            a->end = a->commit_end; /* another mapping is there, or a limit was met: no retry each malloc */
+            return false;
+        }
+        if (((size_t)a->commit_end << ARENA_PAGE_SHIFT) < ARENA_SMALL_PAGES_BYTES)
+            os_advise_small_pages(from, bytes);
+        segmap_set_all(from, bytes, SEG_ARENA);
+    }
+    a->commit_end = commit;
+    return true;
+}
+
+/* A windowed arena's mapped pages above its wilderness's first step go
+ * back to the OS, address space and all, at a purge of everything (a
+ * collect, malloc_trim, a mapping refused): under a limit of address
+ * space, the other tiers can then map what the program freed in the
+ * arenas (test_oom's tiers after its arena blocks). The window may grow
+ * there again. */
+static void arena_unmap_wilderness(arena_t *a)
+{
+    uint32_t keep = (a->top + ARENA_COMMIT_PAGES - 1) / ARENA_COMMIT_PAGES * ARENA_COMMIT_PAGES;
+    if (a->reserved || a->purging_from || keep >= a->commit_end)
+        return;
+    char *from = page_address(a, keep);
+    size_t bytes = (size_t)(a->commit_end - keep) << ARENA_PAGE_SHIFT;
+    segmap_clear(from, bytes);
+    if (!os_unmap(from, bytes)) { /* refused at the limit of mappings, and purged instead */
+        segmap_set_all(from, bytes, SEG_ARENA);
+        return;
+    }
+    a->commit_end = keep;
+    if (a->dirty_end > keep)
+        a->dirty_end = keep;
+    if (a->top_high > keep)
+        a->top_high = keep;
 }
 
 /* The wilderness's pages from `from` up, marked being purged (no one
@@ -401,17 +481,11 @@ static uint32_t arena_take_free(arena_t *a, uint32_t pages, size_t *stale)
  * then waits for it). */
 static uint32_t arena_take_wild(arena_t *a, uint32_t pages, size_t *stale)
 {
-    if (ARENA_PAGES - a->top < pages || (a->purging_from && a->top + pages > a->purging_from))
+    if (a->end - a->top < pages || (a->purging_from && a->top + pages > a->purging_from))
         return 0;
     uint32_t start = a->top, end = start + pages;
-    if (end > a->commit_end) {
-        uint32_t commit = (end + ARENA_COMMIT_PAGES - 1) / ARENA_COMMIT_PAGES * ARENA_COMMIT_PAGES;
-        if (commit > ARENA_PAGES)
-            commit = ARENA_PAGES;
-        if (!os_commit(page_address(a, a->commit_end), (size_t)(commit - a->commit_end) << ARENA_PAGE_SHIFT))
-            return 0;
-        a->commit_end = commit;
-    }
+    if (end > a->commit_end && !arena_commit(a, end))
+        return 0;
     uint32_t dirty = a->dirty_end > start ? (a->dirty_end < end ? a->dirty_end : end) - start : 0;
     a->top = end;
     if (a->top_high < end)
@@ -994,6 +1068,8 @@ static uint64_t lane_purge(lane_t *l, bool all, bool unmap_all)
         next = a->next;
         if (!a->used_pages && a->dirty_end == a->top && (unmap_all || a != l->arenas))
             arena_unmap(l, a);
+        else if (all)
+            arena_unmap_wilderness(a);
     }
     lane_unlock(l);
     pthread_mutex_unlock(&l->purge_lock);
@@ -1018,6 +1094,12 @@ uint64_t arena_purge(bool force)
  * it freed last are there; a thread that comes back will fault its pages
  * in again, so not where threads come and go). */
 void arena_purge_lane(unsigned lane) { lane_purge(&lanes[lane], true, false); }
+
+/* A mapping was refused: every dirty page goes, and with them the address
+ * space of the wildernesses and of the empty arenas, for the mapping's
+ * retry (under a limit of address space, what the program freed in the
+ * arenas is then the other tiers' to map). */
+void arena_release(void) { arena_purge(true); }
 
 void arena_stats(size_t *arenas, size_t *used_bytes, size_t *free_bytes, size_t *dirty_bytes, size_t *pooled_bytes)
 {

@@ -17,6 +17,7 @@ bool arena_owns(const void *p);
 void arena_mark_sampled(void *p, uint32_t record);
 uint64_t arena_purge(bool force);
 void arena_purge_lane(unsigned lane);
+void arena_release(void);
 void arena_stats(size_t *arenas, size_t *used_bytes, size_t *free_bytes, size_t *dirty_bytes, size_t *pooled_bytes);
 void arena_fork_prepare(void);
 void arena_fork_parent(void);

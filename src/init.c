@@ -45,7 +45,7 @@ static const profile_hooks_t profile_hooks = {
 static const purge_client_t purge_clients[] = {
     {heaps_purge, NULL, false},
     {superslab_purge, superslab_unmap_pool, true},
-    {arena_purge, NULL, true},
+    {arena_purge, arena_release, true},
     {bigcache_collect, bigcache_release, true},
 };
 
@@ -54,13 +54,13 @@ void hak_init_slow(void)
     int expected = 0;
     if (atomic_compare_exchange_strong(&hak_init_state, &expected, 1)) {
         hak_profile_hooks = profile_hooks;
-        segmap_init();
         sizeclass_init();
         options_init();
         if (hak_config.fault_message)
             fault_message_init();
         os_memory_limit_init(hak_config.memory_limit);
         kpi_init();
+        site_table_init();
         purger_init(purge_clients, sizeof purge_clients / sizeof purge_clients[0], heap_caller_busy, report_dump_job);
         os_membarrier_init();
         arena_init();

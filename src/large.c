@@ -239,9 +239,13 @@ static void *large_map(size_t size, size_t align, uintptr_t site, uint64_t start
         if (attempt && !purger_release_caches())
             break;
         base = os_map_aligned_at(map_size, chunk_align, page);
+        if (base && !segmap_cover(base, map_size)) {
+            os_unmap(base, map_size);
+            base = NULL;
+        }
     }
     if (!base)
-        return NULL; /* errno ENOMEM from the mapping */
+        return NULL; /* errno ENOMEM from the mapping or a leaf of the segment map */
     large_hdr_t *h = (large_hdr_t *)base;
     h->magic = LARGE_MAGIC;
     large_place(h, base, map_size, colour);
@@ -387,7 +391,7 @@ static large_hdr_t *large_resize(large_hdr_t *h, size_t size)
     } else {
         /* The block's first chunk must stay 2 MiB-aligned (alignments
          * above that are not kept by realloc, as in glibc). */
-        char *moved = os_remap_aligned(base, old_map, new_map, SS_SIZE, page);
+        char *moved = os_remap_aligned(base, old_map, new_map, SS_SIZE, page, segmap_cover);
         if (!moved) {
             large_mark(h);
             guard_set(h, true);

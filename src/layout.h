@@ -25,14 +25,17 @@ typedef struct heap heap_t; /* heap.h */
 
 /* The address space hakmem can map: x86-64's user space has 47 bits (the
  * kernel maps above only where a program asks, even with 5-level tables),
- * aarch64's 48 with 4-level tables. The segment map has one byte per
- * 2 MiB chunk of it: 64 MiB of address space on x86-64. */
+ * aarch64's 48 with 4-level tables. The segment map (segmap.c) has one
+ * byte per 2 MiB chunk of it, in leaves of 64 KiB (128 GiB of address
+ * space each) that a table of one word per leaf points to. */
 #ifdef __x86_64__
 #define ADDRESS_BITS 47
 #else
 #define ADDRESS_BITS 48
 #endif
-#define SEGMAP_ENTRIES ((size_t)1 << (ADDRESS_BITS - SS_SHIFT))
+#define SEGMAP_LEAF_SHIFT 16
+#define SEGMAP_LEAF_ENTRIES ((size_t)1 << SEGMAP_LEAF_SHIFT)
+#define SEGMAP_LEAVES ((size_t)1 << (ADDRESS_BITS - SS_SHIFT - SEGMAP_LEAF_SHIFT))
 
 enum seg_kind {
     SEG_NONE = 0,           /* not hakmem's */
@@ -219,20 +222,25 @@ static inline uint32_t slab_block_index(const slab_t *s, const void *p)
 }
 /* ---- Segment map ------------------------------------------------------- */
 
-/* In .bss (segmap.c): its pages cost nothing until a SuperSlab or large
- * mapping in their 8 GiB of address space is marked, and the fast path
- * indexes it without loading a base pointer, before init as after. */
-extern _Atomic(uint8_t) hak_segmap[SEGMAP_ENTRIES];
+/* Word i is the address of the leaf for chunks i << SEGMAP_LEAF_SHIFT
+ * on, less that chunk number, so the chunk number indexes it; a leaf of
+ * zeros until hakmem maps memory in its range. Statically initialised:
+ * read before init as after. */
+extern _Atomic uintptr_t hak_segmap[SEGMAP_LEAVES];
 
 static inline unsigned segmap_kind(const void *p)
 {
-    uintptr_t chunk = (uintptr_t)p >> SS_SHIFT;
-    if (unlikely(chunk >= SEGMAP_ENTRIES))
+    uintptr_t leaf = (uintptr_t)p >> (SS_SHIFT + SEGMAP_LEAF_SHIFT);
+    if (unlikely(leaf >= SEGMAP_LEAVES))
         return SEG_NONE;
-    return atomic_load_explicit(&hak_segmap[chunk], memory_order_relaxed);
+    uintptr_t entries = atomic_load_explicit(&hak_segmap[leaf], memory_order_relaxed);
+    return atomic_load_explicit((_Atomic(uint8_t) *)(entries + ((uintptr_t)p >> SS_SHIFT)), memory_order_relaxed);
 }
 
-void segmap_init(void);
+/* Map the leaves for [start, start + size): false, errno ENOMEM, where
+ * the kernel refuses a leaf. Every mapping hakmem marks is covered first;
+ * the setters below then cannot fail. */
+bool segmap_cover(const void *start, size_t size);
 void segmap_set(void *chunk, size_t size, unsigned head_kind);
 void segmap_set_all(void *chunk, size_t size, unsigned kind);
 void segmap_clear(void *chunk, size_t size);

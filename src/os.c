@@ -105,17 +105,63 @@ void *os_map(size_t size)
     return p;
 }
 
+/* size bytes at `want` exactly, where nothing is mapped yet; NULL else
+ * (kernels before 4.17 take MAP_FIXED_NOREPLACE for a hint, so the
+ * address is checked). */
+static void *map_at(void *want, size_t size, int prot, int flags)
+{
+    char *p = mmap(want, size, prot, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED_NOREPLACE | flags, -1, 0);
+    if (p == MAP_FAILED)
+        return NULL;
+    if (p != want) {
+        munmap(p, size);
+        return NULL;
+    }
+    return p;
+}
+
+/* size bytes at p with p + offset aligned to align, taking no more address
+ * space than size on the way, at the start of `window` bytes (at least
+ * size) that are free where it can: where the kernel would put size bytes
+ * if that is aligned, else at the aligned address whose window ends where
+ * the kernel's choice ends, or one of the next few below. The kernel
+ * fills the address space from the top down, so what lies below its
+ * choice is mostly free. Used where mapping size + align at once was
+ * refused: under a limit of address space (ulimit -v). */
+#define WINDOW_TRIES 16
+static void *map_aligned_within(size_t size, size_t align, size_t offset, size_t window, int prot, int flags)
+{
+    char *raw = mmap(NULL, size, prot, MAP_PRIVATE | MAP_ANONYMOUS | flags, -1, 0);
+    if (raw == MAP_FAILED)
+        return NULL;
+    if (window == size && (((uintptr_t)raw + offset) & (align - 1)) == 0)
+        return raw;
+    munmap(raw, size);
+    uintptr_t end = (uintptr_t)raw + size, step = align;
+    for (int i = 0; i < WINDOW_TRIES && end >= window + offset + step; i++, end -= step) {
+        char *want = (char *)(((end - window + offset) & ~(uintptr_t)(align - 1)) - offset);
+        char *p = map_at(want, size, prot, flags);
+        if (p)
+            return p;
+    }
+    return NULL;
+}
+
 /* size bytes at an address p with p + offset aligned to align (a power
- * of two, at least a page): over-map by align and give the ends back. */
+ * of two, at least a page): over-map by align and give the ends back, or
+ * where that much address space is refused, map_aligned_within. */
 static void *map_aligned_at(size_t size, size_t align, size_t offset, int prot, int flags)
 {
     if (size + align < size)
         return map_failed();
     int saved = errno;
     char *raw = mmap(NULL, size + align, prot, MAP_PRIVATE | MAP_ANONYMOUS | flags, -1, 0);
+    if (raw == MAP_FAILED) {
+        char *p = map_aligned_within(size, align, offset, size, prot, flags);
+        errno = saved;
+        return p ? p : map_failed();
+    }
     errno = saved;
-    if (raw == MAP_FAILED)
-        return map_failed();
     char *p = (char *)((((uintptr_t)raw + offset + align - 1) & ~(uintptr_t)(align - 1)) - offset);
     size_t before = (size_t)(p - raw);
     size_t after = align - before;
@@ -135,6 +181,77 @@ void *os_map_aligned_at(size_t size, size_t align, size_t offset)
     if (p)
         account_mapped(size);
     return p;
+}
+
+/* The page arenas' windows: the first WINDOW_SLOTS windows of their size
+ * from WINDOW_DISTANCE below where the kernel mapped when the first was
+ * asked for, downward. The kernel maps from the top of the address space
+ * down, into the highest gap that fits, so a window there stays free of
+ * other mappings until a process has mapped that much more; its address
+ * is as random as the kernel's own placement. */
+#define WINDOW_DISTANCE ((uintptr_t)64 << 30)
+#define WINDOW_SLOTS 128
+static _Atomic uintptr_t windows_top;
+
+static void *map_in_far_window(size_t size, size_t align, uintptr_t near)
+{
+    uintptr_t top = atomic_load_explicit(&windows_top, memory_order_relaxed);
+    if (!top) {
+        if (near < WINDOW_DISTANCE + (uintptr_t)WINDOW_SLOTS * align)
+            return NULL; /* a small address space (aarch64 with 39 bits, say): near windows only */
+        top = (near - WINDOW_DISTANCE) & ~(uintptr_t)(align - 1);
+        uintptr_t none = 0;
+        if (!atomic_compare_exchange_strong_explicit(&windows_top, &none, top, memory_order_relaxed,
+                                                     memory_order_relaxed))
+            top = none;
+    }
+    for (uintptr_t slot = 0; slot < WINDOW_SLOTS; slot++) {
+        void *p = map_at((void *)(top - slot * align), size, PROT_READ | PROT_WRITE, 0);
+        if (p)
+            return p;
+    }
+    return NULL;
+}
+
+/* size bytes at the start of a free window of align bytes (larger),
+ * aligned to it: far below the kernel's own mappings (NULL where there is
+ * no room there, or the kernel places from the bottom up, as under
+ * valgrind), or near them, next to its own choice (map_aligned_within).
+ * The page arenas map the rest of their window as they grow
+ * (os_map_more). */
+void *os_map_window(size_t size, size_t align, bool far)
+{
+    if (os_memory_refuses(size))
+        return map_failed();
+    int saved = errno;
+    void *p = NULL;
+    if (far) {
+        char *near = mmap(NULL, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+        if (near != MAP_FAILED) {
+            munmap(near, size);
+            p = map_in_far_window(size, align, (uintptr_t)near);
+        }
+    } else {
+        p = map_aligned_within(size, align, 0, align, PROT_READ | PROT_WRITE, 0);
+    }
+    errno = saved;
+    if (!p)
+        return map_failed();
+    account_mapped(size);
+    return p;
+}
+
+/* size bytes more at p, the end of a mapping, where nothing is mapped. */
+bool os_map_more(void *p, size_t size)
+{
+    if (os_memory_refuses(size))
+        return false;
+    int saved = errno;
+    bool done = map_at(p, size, PROT_READ | PROT_WRITE, 0) != NULL;
+    errno = saved;
+    if (done)
+        account_mapped(size);
+    return done;
 }
 
 /* Address space only (the page arenas): no access and no commit charge
@@ -167,14 +284,19 @@ void *os_map_aligned(size_t size, size_t align) { return os_map_aligned_at(size,
 /* Grow a mapping to new_size, in place if the next pages are free, else by
  * moving its pages (no copy) to a fresh address q with q + offset aligned
  * to align. */
-void *os_remap_aligned(void *p, size_t old_size, size_t new_size, size_t align, size_t offset)
+void *os_remap_aligned(void *p, size_t old_size, size_t new_size, size_t align, size_t offset,
+                       bool (*accept)(const void *range, size_t size))
 {
     if (os_memory_refuses(new_size - old_size))
         return map_failed();
     int saved = errno;
-    void *q = mremap(p, old_size, new_size, 0);
+    void *q = accept(p, new_size) ? mremap(p, old_size, new_size, 0) : MAP_FAILED;
     if (q == MAP_FAILED) {
         q = os_map_aligned_at(new_size, align, offset);
+        if (q && !accept(q, new_size)) {
+            os_unmap(q, new_size);
+            q = NULL;
+        }
         if (q) {
             atomic_fetch_sub_explicit(&hak_mapped_bytes, new_size, memory_order_relaxed);
             if (mremap(p, old_size, new_size, MREMAP_MAYMOVE | MREMAP_FIXED, q) == MAP_FAILED) {
@@ -300,16 +422,6 @@ void os_advise_small_pages(void *p, size_t size)
 /* Fresh zero pages at p (p and size page aligned), in place of what was
  * there: writable, or read-only and charged to no commit limit until made
  * writable. Not counted in hak_mapped_bytes: segmap.c's own table. */
-bool os_map_fixed(void *p, size_t size, bool writable)
-{
-    int saved = errno;
-    int prot = writable ? PROT_READ | PROT_WRITE : PROT_READ;
-    int flags = MAP_FIXED | MAP_PRIVATE | MAP_ANONYMOUS | (writable ? 0 : MAP_NORESERVE);
-    bool done = mmap(p, size, prot, flags, -1, 0) == p;
-    errno = saved;
-    return done;
-}
-
 bool os_protect(void *p, size_t size, bool accessible)
 {
     int saved = errno;

@@ -44,16 +44,22 @@ static inline uint64_t hak_ticks(void)
  * change to errno: the allocation entry points pass it on). os_map_aligned* return an
  * address aligned to align (a power of two, at least a page), offset
  * bytes before an aligned one for _at; os_remap_aligned moves or grows
- * a mapping (mremap), its contents kept. os_reserve_aligned takes
- * address space only (no access, no commit charge); os_commit makes a
- * part of it usable, os_release gives it back. */
+ * a mapping (mremap), its contents kept, to a range that `accept`
+ * (the caller's, which may refuse) is told of first. os_map_window
+ * maps the start of a free aligned window, and os_map_more the next pages
+ * of it, where they are still free. os_reserve_aligned takes address
+ * space only (no access, no commit charge); os_commit makes a part of it
+ * usable, os_release gives it back. */
 void *os_map(size_t size);
+void *os_map_window(size_t size, size_t align, bool far);
+bool os_map_more(void *p, size_t size);
 void *os_reserve_aligned(size_t size, size_t align);
 bool os_commit(void *p, size_t size);
 void os_release(void *p, size_t size, size_t committed);
 void *os_map_aligned(size_t size, size_t align);
 void *os_map_aligned_at(size_t size, size_t align, size_t offset);
-void *os_remap_aligned(void *p, size_t old_size, size_t new_size, size_t align, size_t offset);
+void *os_remap_aligned(void *p, size_t old_size, size_t new_size, size_t align, size_t offset,
+                       bool (*accept)(const void *range, size_t size));
 /* limit.c: the memory limit (bytes, 0 for the cgroup's own, if any) is
  * read at init; a mapping of `adding` bytes is refused where the memory
  * in use and it would pass the limit. */
@@ -82,7 +88,6 @@ int os_thread_id(void);
 bool os_thread_alive(int tid);
 int os_unshare(int flags);
 int os_setns(int fd, int nstype);
-bool os_map_fixed(void *p, size_t size, bool writable);
 unsigned os_cpu_count(void);
 int os_pid(void);
 int os_parent_pid(void);

@@ -68,7 +68,9 @@ void unwind_fork_parent(void);
 void unwind_fork_child(void);
 
 /* site.c: the call-site table: the per-site rules and lifetimes. Returns
- * the site's index (or the shared overflow bucket's). */
+ * the site's index (or the shared overflow bucket's). The table is mapped
+ * by site_table_init, at init. */
+void site_table_init(void);
 void site_record_lifetime(unsigned index, uint64_t born); /* born 0: none */
 unsigned site_record_large(uintptr_t site, bool bigcache_hit, uint32_t *rules);
 void site_record_touched(unsigned index, size_t resident, size_t size);

@@ -261,6 +261,10 @@ static arena_chunk_t *arena_chunk_new(unsigned kind)
     arena_chunk_t *a = os_map_aligned(SS_SIZE, SS_SIZE);
     if (!a)
         return NULL;
+    if (!segmap_cover(a, SS_SIZE)) {
+        os_unmap(a, SS_SIZE);
+        return NULL;
+    }
     os_advise_small_pages(a, SS_SIZE); /* a few samples: never a whole huge page (superslab.c) */
     a->magic = ARENA_MAGIC;
     a->slot_shift = ARENA_MIN_SLOT_SHIFT + 2 * kind;

@@ -1,99 +1,112 @@
 /* The segment map: one byte per 2 MiB chunk of the address space, telling
- * hakmem's chunks, and their kind, from foreign ones. It is a flat array
- * in .bss, so that the free fast path indexes it without loading a base
- * pointer, before init as after, and its 64 MiB (x86-64) cost no memory
- * while untouched. As writable .bss they cost in two other ways: the
- * kernel charges them to the system's commit (143 MiB a process under
- * hakmem with the 128 MiB map of 48 bits, 8 under glibc: a system with
- * strict overcommit runs out soon), and a program that locks its memory
- * (mlockall(MCL_CURRENT), as chronyd, cryptsetup and real-time audio
- * servers do) has the kernel fault in every writable page: 134 MiB of
- * locked RSS, glibc's whole process 2.4. So at init the map is mapped
- * anew in place, read-only and uncharged (locking maps the kernel's shared
- * zero page there, which costs no memory), and a granule of it is made
- * writable before its first entry is written: a granule covers 128 GiB of
- * address space, so a program writes one or a few. */
+ * hakmem's chunks, and their kind, from foreign ones. Two levels: a table
+ * of 1,024 words in .data (2,048 on aarch64's 48 bits), one per 128 GiB of
+ * address space, pointing to a leaf of 64 KiB, a byte per chunk, mapped
+ * the first time a mapping of hakmem's lands in its 128 GiB. A flat map
+ * would spare the free path two instructions (a load of the leaf and a
+ * shift) but takes 64 MiB of address space (128 on aarch64) in .bss: the
+ * loader refuses to preload a library that large under `ulimit -v 60000`,
+ * and under a higher limit those 64 MiB were a third of what a program
+ * could allocate.
+ *
+ * Every word of the table is biased by its leaf's first chunk, so that the
+ * chunk number indexes it without a mask: the fast path reads
+ * hak_segmap[p >> 37] + (p >> 21). The table is initialised statically to
+ * one shared leaf of zeros in .bss (SEG_NONE everywhere, never written),
+ * so that a free before init, or of a pointer in a region hakmem never
+ * mapped, reads SEG_NONE without a test. Leaves are never given back: a
+ * program's mappings fall in a few 128 GiB regions, so a process has a few
+ * leaves, of which it touches a page or two. */
 #define _GNU_SOURCE
 #include "layout.h"
 #include "error.h"
 #include "os.h"
 
+#include <errno.h>
 #include <pthread.h>
 
-#define GRANULE ((size_t)64 << 10) /* a multiple of every page size Linux uses */
-#define GRANULES (SEGMAP_ENTRIES / GRANULE)
+#define LEAF_BYTES SEGMAP_LEAF_ENTRIES
 
-_Alignas(GRANULE) _Atomic(uint8_t) hak_segmap[SEGMAP_ENTRIES];
+static _Alignas(4096) uint8_t zero_leaf[LEAF_BYTES];
 
-static _Atomic uint64_t writable[GRANULES / 64]; /* a bit per granule */
-static bool read_only;                           /* the map was made read-only at init */
-static pthread_mutex_t writable_lock = PTHREAD_MUTEX_INITIALIZER;
+#define ZERO(i) ((uintptr_t)zero_leaf - ((uintptr_t)(i) << SEGMAP_LEAF_SHIFT))
+#define ZERO4(i) ZERO(i), ZERO((i) + 1), ZERO((i) + 2), ZERO((i) + 3)
+#define ZERO16(i) ZERO4(i), ZERO4((i) + 4), ZERO4((i) + 8), ZERO4((i) + 12)
+#define ZERO64(i) ZERO16(i), ZERO16((i) + 16), ZERO16((i) + 32), ZERO16((i) + 48)
+#define ZERO256(i) ZERO64(i), ZERO64((i) + 64), ZERO64((i) + 128), ZERO64((i) + 192)
+#define ZERO1024(i) ZERO256(i), ZERO256((i) + 256), ZERO256((i) + 512), ZERO256((i) + 768)
 
-_Static_assert(GRANULES % 64 == 0, "the bitmap has whole words");
+#if ADDRESS_BITS == 47
+_Static_assert(SEGMAP_LEAVES == 1024, "the initialiser covers the table");
+_Atomic uintptr_t hak_segmap[SEGMAP_LEAVES] = {ZERO1024(0)};
+#elif ADDRESS_BITS == 48
+_Static_assert(SEGMAP_LEAVES == 2048, "the initialiser covers the table");
+_Atomic uintptr_t hak_segmap[SEGMAP_LEAVES] = {ZERO1024(0), ZERO1024(1024)};
+#else
+#error "a segment map initialiser for this address width"
+#endif
 
-/* At init, before anything is mapped, so the map is all zeros. Where the
- * kernel refuses (a seccomp filter), the map stays as it was; a failure
- * that left the range unmapped, which nothing at init causes, is mended
- * by mapping it writable again. */
-void segmap_init(void)
+static pthread_mutex_t leaf_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static bool leaf_mapped(size_t leaf)
 {
-    read_only = os_map_fixed(hak_segmap, sizeof hak_segmap, false);
-    if (!read_only && !os_protect(hak_segmap, sizeof hak_segmap, true) &&
-        !os_map_fixed(hak_segmap, sizeof hak_segmap, true))
-        hak_fatal("lost its segment map");
+    return atomic_load_explicit(&hak_segmap[leaf], memory_order_acquire) != ZERO(leaf);
 }
 
-/* Make the granules of entries [first, first + count) writable. Where the
- * kernel refuses one granule (the process's limit of mappings, each
- * granule splitting the map's), the whole map is made writable at once,
- * which splits nothing. */
-static void make_writable(size_t first, size_t count)
+bool segmap_cover(const void *start, size_t size)
 {
-    if (first + count > SEGMAP_ENTRIES)
+    size_t first = (uintptr_t)start >> SS_SHIFT, last = ((uintptr_t)start + size - 1) >> SS_SHIFT;
+    if (last >> SEGMAP_LEAF_SHIFT >= SEGMAP_LEAVES)
         hak_fatal("the kernel mapped memory above the address space its segment map covers");
-    if (!read_only)
-        return;
-    for (size_t g = first / GRANULE; g <= (first + count - 1) / GRANULE; g++) {
-        uint64_t bit = (uint64_t)1 << (g % 64);
-        if (atomic_load_explicit(&writable[g / 64], memory_order_acquire) & bit)
+    for (size_t leaf = first >> SEGMAP_LEAF_SHIFT; leaf <= last >> SEGMAP_LEAF_SHIFT; leaf++) {
+        if (leaf_mapped(leaf))
             continue;
-        pthread_mutex_lock(&writable_lock);
-        if (!(atomic_load_explicit(&writable[g / 64], memory_order_relaxed) & bit)) {
-            if (!os_protect(&hak_segmap[g * GRANULE], GRANULE, true)) {
-                if (!os_protect(hak_segmap, sizeof hak_segmap, true))
-                    hak_fatal("cannot make its segment map writable");
-                for (size_t w = 0; w < GRANULES / 64; w++)
-                    atomic_store_explicit(&writable[w], ~(uint64_t)0, memory_order_release);
+        pthread_mutex_lock(&leaf_lock);
+        bool mapped = leaf_mapped(leaf);
+        if (!mapped) {
+            uint8_t *bytes = os_map(LEAF_BYTES);
+            if (bytes) {
+                atomic_store_explicit(&hak_segmap[leaf], (uintptr_t)bytes - (leaf << SEGMAP_LEAF_SHIFT),
+                                      memory_order_release);
+                mapped = true;
             }
-            atomic_fetch_or_explicit(&writable[g / 64], bit, memory_order_release);
         }
-        pthread_mutex_unlock(&writable_lock);
+        pthread_mutex_unlock(&leaf_lock);
+        if (!mapped)
+            return false; /* errno ENOMEM from os_map */
     }
+    return true;
+}
+
+/* The entry of chunk number `chunk`, in a leaf segmap_cover mapped. */
+static _Atomic(uint8_t) *entry(size_t chunk)
+{
+    size_t leaf = chunk >> SEGMAP_LEAF_SHIFT;
+    if (leaf >= SEGMAP_LEAVES || !leaf_mapped(leaf))
+        hak_fatal("wrote its segment map where no leaf was mapped");
+    return (_Atomic(uint8_t) *)(atomic_load_explicit(&hak_segmap[leaf], memory_order_relaxed) + chunk);
 }
 
 void segmap_set(void *chunk, size_t size, unsigned head_kind)
 {
     size_t first = (uintptr_t)chunk >> SS_SHIFT;
     size_t chunks = (size + SS_SIZE - 1) >> SS_SHIFT;
-    make_writable(first, chunks);
     for (size_t i = 1; i < chunks; i++)
-        atomic_store_explicit(&hak_segmap[first + i], SEG_LARGE_INTERIOR, memory_order_relaxed);
-    atomic_store_explicit(&hak_segmap[first], (uint8_t)head_kind, memory_order_release);
+        atomic_store_explicit(entry(first + i), SEG_LARGE_INTERIOR, memory_order_relaxed);
+    atomic_store_explicit(entry(first), (uint8_t)head_kind, memory_order_release);
 }
 
 void segmap_set_all(void *chunk, size_t size, unsigned kind)
 {
     size_t first = (uintptr_t)chunk >> SS_SHIFT;
-    make_writable(first, size >> SS_SHIFT);
     for (size_t i = 0; i < size >> SS_SHIFT; i++)
-        atomic_store_explicit(&hak_segmap[first + i], (uint8_t)kind, memory_order_release);
+        atomic_store_explicit(entry(first + i), (uint8_t)kind, memory_order_release);
 }
 
 void segmap_clear(void *chunk, size_t size)
 {
     size_t first = (uintptr_t)chunk >> SS_SHIFT;
     size_t chunks = (size + SS_SIZE - 1) >> SS_SHIFT;
-    make_writable(first, chunks);
     for (size_t i = 0; i < chunks; i++)
-        atomic_store_explicit(&hak_segmap[first + i], SEG_NONE, memory_order_relaxed);
+        atomic_store_explicit(entry(first + i), SEG_NONE, memory_order_relaxed);
 }

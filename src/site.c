@@ -34,13 +34,28 @@ typedef struct site_entry {
     _Atomic uint32_t lifetime_hist[LIFETIME_BUCKETS];
 } site_entry_t;
 
-static site_entry_t sites[SITE_TABLE + 1];
+/* Mapped at init rather than kept in .bss, where its 850 KiB were most
+ * of the library's load segments; where init cannot map it, one spare
+ * entry takes every site (the overflow bucket's, in effect). */
+static site_entry_t *sites;
+static site_entry_t spare;
+
+void site_table_init(void)
+{
+    sites = os_map((SITE_TABLE + 1) * sizeof(site_entry_t));
+    if (!sites)
+        hak_warn("cannot map its call-site table", "every site is counted as one");
+}
+
+static site_entry_t *at(unsigned i) { return sites ? &sites[i] : &spare; }
 
 /* 10 bits: SITE_TABLE's index. */
 static unsigned site_hash(uintptr_t site) { return (unsigned)(((uint64_t)site * 0x9e3779b97f4a7c15ull) >> 54); }
 
 unsigned site_index_of(uintptr_t site)
 {
+    if (!sites)
+        return SITE_OVERFLOW;
     unsigned h = site_hash(site);
     for (unsigned k = 0; k < SITE_PROBES; k++) {
         unsigned i = (h + k) & (SITE_TABLE - 1);
@@ -48,12 +63,12 @@ unsigned site_index_of(uintptr_t site)
          * maps the zero page, and the write that follows faults again.
          * The entry's line is written by every record anyway. */
         uintptr_t seen = 0;
-        if (atomic_compare_exchange_strong_explicit(&sites[i].addr, &seen, site, memory_order_acq_rel,
+        if (atomic_compare_exchange_strong_explicit(&at(i)->addr, &seen, site, memory_order_acq_rel,
                                                     memory_order_acquire) ||
             seen == site)
             return i;
     }
-    atomic_store_explicit(&sites[SITE_OVERFLOW].addr, SITE_OVERFLOW_ADDR, memory_order_relaxed);
+    atomic_store_explicit(&at(SITE_OVERFLOW)->addr, SITE_OVERFLOW_ADDR, memory_order_relaxed);
     return SITE_OVERFLOW;
 }
 
@@ -72,7 +87,7 @@ static heap_profile_t *profile_of(unsigned i, uintptr_t site)
         for (unsigned c = 0; c < SITE_COUNTS; c++) {
             uint64_t n = atomic_load_explicit(&p->site_counts[c], memory_order_relaxed);
             if (n) {
-                atomic_fetch_add_explicit(&sites[held].counts[c], n, memory_order_relaxed);
+                atomic_fetch_add_explicit(&at(held)->counts[c], n, memory_order_relaxed);
                 atomic_store_explicit(&p->site_counts[c], 0, memory_order_relaxed);
             }
         }
@@ -88,13 +103,13 @@ static void count(heap_profile_t *p, unsigned i, enum site_count c, uint64_t n)
     if (p)
         ADD_UNLOCKED(&p->site_counts[c], n);
     else
-        atomic_fetch_add_explicit(&sites[i].counts[c], n, memory_order_relaxed);
+        atomic_fetch_add_explicit(&at(i)->counts[c], n, memory_order_relaxed);
 }
 
 /* Count c of entry i as this thread sees it: the table's and its own. */
 static uint64_t count_seen(const heap_profile_t *p, unsigned i, enum site_count c)
 {
-    return atomic_load_explicit(&sites[i].counts[c], memory_order_relaxed) +
+    return atomic_load_explicit(&at(i)->counts[c], memory_order_relaxed) +
            (p ? atomic_load_explicit(&p->site_counts[c], memory_order_relaxed) : 0);
 }
 
@@ -104,7 +119,7 @@ static heap_profile_t *profile_of_entry(unsigned i)
     heap_t *heap = heap_get();
     if (heap != &hak_empty_heap && atomic_load_explicit(&heap->profile.index, memory_order_relaxed) == i)
         return &heap->profile;
-    return profile_of(i, atomic_load_explicit(&sites[i].addr, memory_order_relaxed));
+    return profile_of(i, atomic_load_explicit(&at(i)->addr, memory_order_relaxed));
 }
 
 /* The calling thread's counts made those of site's entry, and the entry
@@ -129,7 +144,7 @@ void site_record_lifetime(unsigned index, uint64_t born)
     if (!born)
         return;
     unsigned b = kpi_bucket_of(hak_ticks() - born);
-    ADD_UNLOCKED(&sites[index].lifetime_hist[b < LIFETIME_BUCKETS ? b : LIFETIME_BUCKETS - 1], 1);
+    ADD_UNLOCKED(&at(index)->lifetime_hist[b < LIFETIME_BUCKETS ? b : LIFETIME_BUCKETS - 1], 1);
 }
 
 static void rule_set(site_entry_t *e, enum site_rule rule, uint64_t evidence)
@@ -145,7 +160,7 @@ static void rule_set(site_entry_t *e, enum site_rule rule, uint64_t evidence)
     }
 }
 
-static uint32_t site_rules_of(unsigned index) { return atomic_load_explicit(&sites[index].rules, memory_order_relaxed); }
+static uint32_t site_rules_of(unsigned index) { return atomic_load_explicit(&at(index)->rules, memory_order_relaxed); }
 
 /* A large allocation and its BigCache outcome; returns the entry, and
  * the site's rules in *rules. A
@@ -166,7 +181,7 @@ unsigned site_record_large(uintptr_t site, bool bigcache_hit, uint32_t *rules)
      * means none during it. */
     uint64_t n = count_seen(p, i, SITE_LARGE_ALLOCS);
     if (n >= RULE_BIGCACHE_TRIAL && count_seen(p, i, SITE_BIGCACHE_HITS) == 0)
-        rule_set(&sites[i], RULE_NO_BIGCACHE, n);
+        rule_set(at(i), RULE_NO_BIGCACHE, n);
     return i;
 }
 
@@ -178,7 +193,7 @@ unsigned site_record_large(uintptr_t site, bool bigcache_hit, uint32_t *rules)
 void site_note_outgrew_arena(uintptr_t site, size_t size)
 {
     if (site)
-        atomic_store_explicit(&sites[site_index_of(site)].outgrew_arena, size, memory_order_relaxed);
+        atomic_store_explicit(&at(site_index_of(site))->outgrew_arena, size, memory_order_relaxed);
 }
 
 /* Looked up without claiming an entry: a site that was never noted has
@@ -186,22 +201,22 @@ void site_note_outgrew_arena(uintptr_t site, size_t size)
 bool site_outgrew_arena(uintptr_t site)
 {
     unsigned h = site_hash(site);
-    for (unsigned k = 0; site && k < SITE_PROBES; k++) {
-        const site_entry_t *e = &sites[(h + k) & (SITE_TABLE - 1)];
+    for (unsigned k = 0; site && sites && k < SITE_PROBES; k++) {
+        const site_entry_t *e = at((h + k) & (SITE_TABLE - 1));
         uintptr_t seen = atomic_load_explicit(&e->addr, memory_order_acquire);
         if (seen == site)
             return atomic_load_explicit(&e->outgrew_arena, memory_order_relaxed) != 0;
         if (!seen)
             return false;
     }
-    return site && atomic_load_explicit(&sites[SITE_OVERFLOW].outgrew_arena, memory_order_relaxed) != 0;
+    return site && atomic_load_explicit(&at(SITE_OVERFLOW)->outgrew_arena, memory_order_relaxed) != 0;
 }
 
 /* Whether the site still wants its new blocks measured at free. */
 bool site_wants_touch(unsigned index)
 {
     return hak_config.site_rules && index != SITE_OVERFLOW &&
-           atomic_load_explicit(&sites[index].touch_frees, memory_order_relaxed) < RULE_TOUCH_TRIAL;
+           atomic_load_explicit(&at(index)->touch_frees, memory_order_relaxed) < RULE_TOUCH_TRIAL;
 }
 
 /* A freed block that was new (or purged) when handed out: how much of it
@@ -209,7 +224,7 @@ bool site_wants_touch(unsigned index)
  * them faulted in with one call instead of one fault per page. */
 void site_record_touched(unsigned index, size_t resident, size_t size)
 {
-    site_entry_t *e = &sites[index];
+    site_entry_t *e = at(index);
     uint64_t r = atomic_fetch_add_explicit(&e->touch_resident, resident, memory_order_relaxed) + resident;
     uint64_t s = atomic_fetch_add_explicit(&e->touch_size, size, memory_order_relaxed) + size;
     uint64_t n = atomic_fetch_add_explicit(&e->touch_frees, 1, memory_order_relaxed) + 1;
@@ -230,7 +245,7 @@ static double lifetime_median_ns(const site_entry_t *e, double ns_per_tick)
 static void counts_of(unsigned i, uint64_t counts[SITE_COUNTS])
 {
     for (unsigned c = 0; c < SITE_COUNTS; c++)
-        counts[c] = atomic_load_explicit(&sites[i].counts[c], memory_order_relaxed);
+        counts[c] = atomic_load_explicit(&at(i)->counts[c], memory_order_relaxed);
     for (heap_t *heap = heaps_all(); heap; heap = heap->next_all) {
         const heap_profile_t *p = &heap->profile;
         if (atomic_load_explicit(&p->index, memory_order_relaxed) != i)
@@ -251,8 +266,8 @@ HAK_EXPORT size_t hak_sites_get_sized(hak_site_t *out, size_t max, size_t size)
         return 0;
     stack_sum_by_site(totals, SITE_TABLE + 1, site_index_of);
     size_t n = 0;
-    for (unsigned i = 0; i <= SITE_TABLE && n < max; i++) {
-        const site_entry_t *e = &sites[i];
+    for (unsigned i = sites ? 0 : SITE_OVERFLOW; i <= SITE_TABLE && n < max; i++) {
+        const site_entry_t *e = at(i);
         uintptr_t addr = atomic_load_explicit(&e->addr, memory_order_acquire);
         if (!addr)
             continue;

@@ -66,6 +66,10 @@ static superslab_t *superslab_map_locked(void)
     superslab_t *ss = os_map_aligned(SS_SIZE, SS_SIZE);
     if (!ss)
         return NULL;
+    if (!segmap_cover(ss, SS_SIZE)) {
+        os_unmap(ss, SS_SIZE);
+        return NULL;
+    }
     if (ss_count < SS_SMALL_HEAP)
         os_advise_small_pages(ss, SS_SIZE);
     ss->magic = SS_MAGIC;
