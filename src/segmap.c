@@ -3,8 +3,9 @@
  * of 1,024 words in .data (2,048 on aarch64's 48 bits), one per 128 GiB of
  * address space, pointing to a leaf of 64 KiB, a byte per chunk, mapped
  * the first time a mapping of hakmem's lands in its 128 GiB. A flat map
- * would spare the free path two instructions (a load of the leaf and a
- * shift) but takes 64 MiB of address space (128 on aarch64) in .bss: the
+ * would spare a malloc/free pair three instructions (the leaf's load, a
+ * copy and a shift: bench_pair lifo 74.85 -> 71.85) but takes 64 MiB of
+ * address space (128 on aarch64) in .bss: the
  * loader refuses to preload a library that large under `ulimit -v 60000`,
  * and under a higher limit those 64 MiB were a third of what a program
  * could allocate.
