@@ -380,8 +380,9 @@ static bool arena_commit(arena_t *a, uint32_t end)
 }
 
 /* A windowed arena's mapped pages above its wilderness's first step go
- * back to the OS, address space and all, at a purge of everything (a
- * collect, malloc_trim, a mapping refused): under a limit of address
+ * back to the OS, address space and all, when a mapping was refused
+ * (arena_release; a collect or malloc_trim only purges them, so that the
+ * arena's next blocks need no mapping again): under a limit of address
  * space, the other tiers can then map what the program freed in the
  * arenas (test_oom's tiers after its arena blocks). The window may grow
  * there again. */
@@ -1045,9 +1046,10 @@ static bool arena_look(lane_t *l, arena_t *a, bool force)
 }
 
 /* The purger's pass over one lane (see arena_purge); all: every dirty
- * page goes, unmap_all: every empty arena. Arenas leave a lane only here,
- * under its purge lock, so a->next holds across the unlocked rounds. */
-static uint64_t lane_purge(lane_t *l, bool all, bool unmap_all)
+ * page goes, unmap_all: every empty arena, release: the windows'
+ * wildernesses too (arena_release). Arenas leave a lane only here, under
+ * its purge lock, so a->next holds across the unlocked rounds. */
+static uint64_t lane_purge(lane_t *l, bool all, bool unmap_all, bool release)
 {
     uint64_t now = os_now_ms(), delay = (uint64_t)hak_config.purge_delay_ms;
     pthread_mutex_lock(&l->purge_lock);
@@ -1068,7 +1070,7 @@ static uint64_t lane_purge(lane_t *l, bool all, bool unmap_all)
         next = a->next;
         if (!a->used_pages && a->dirty_end == a->top && (unmap_all || a != l->arenas))
             arena_unmap(l, a);
-        else if (all)
+        else if (release)
             arena_unmap_wilderness(a);
     }
     lane_unlock(l);
@@ -1080,26 +1082,28 @@ static uint64_t lane_purge(lane_t *l, bool all, bool unmap_all)
  * unmaps every empty arena; without it an empty arena goes once purged,
  * but for its lane's first). Returns when the next look falls due, or 0
  * if nothing waits. */
-uint64_t arena_purge(bool force)
+static uint64_t lanes_purge(bool force, bool release)
 {
     atomic_store_explicit(&arena_purge_wanted, false, memory_order_relaxed);
     uint64_t next_due = 0;
     for (unsigned i = 0; i < lane_count; i++)
-        next_due = due_earlier(next_due, lane_purge(&lanes[i], force, force));
+        next_due = due_earlier(next_due, lane_purge(&lanes[i], force, force, release));
     return next_due;
 }
+
+uint64_t arena_purge(bool force) { return lanes_purge(force, false); }
 
 /* A thread exits, and no new one is taking exited ones' heaps: the dirty
  * pages of its lane go back now, as its slabs' free pages do (the blocks
  * it freed last are there; a thread that comes back will fault its pages
  * in again, so not where threads come and go). */
-void arena_purge_lane(unsigned lane) { lane_purge(&lanes[lane], true, false); }
+void arena_purge_lane(unsigned lane) { lane_purge(&lanes[lane], true, false, false); }
 
 /* A mapping was refused: every dirty page goes, and with them the address
  * space of the wildernesses and of the empty arenas, for the mapping's
  * retry (under a limit of address space, what the program freed in the
  * arenas is then the other tiers' to map). */
-void arena_release(void) { arena_purge(true); }
+void arena_release(void) { lanes_purge(true, true); }
 
 void arena_stats(size_t *arenas, size_t *used_bytes, size_t *free_bytes, size_t *dirty_bytes, size_t *pooled_bytes)
 {
