@@ -105,7 +105,7 @@ static HAK_NOINLINE void *hak_alloc_arena_slow(size_t size, size_t align, uintpt
         purger_start_if_wanted(); /* a dump the sample asked for (HAKMEM_PROFILE_PEAK) */
         return p;
     }
-    uint32_t pages = (uint32_t)((size + ARENA_PAGE - 1) >> ARENA_PAGE_SHIFT);
+    uint32_t pages = arena_pages_for(size);
     if (hak_config.arena_pool && !align && pages >= ARENA_FRONT_MIN_PAGES && pages <= ARENA_FRONT_MAX_PAGES) {
         void *b = arena_pool_take(heap->arena_lane, pages);
         if (b)
@@ -121,7 +121,7 @@ static HAK_NOINLINE void *hak_alloc_arena_slow(size_t size, size_t align, uintpt
  * that many pages (not the sample, not in hak_empty_heap, whose
  * sample_left is 0 and whose front must stay empty): as for the mid
  * caches, the rest is out of line so that the pop needs no stack frame. */
-static inline void *hak_alloc_arena(size_t size, size_t align, uintptr_t site, bool zero)
+static inline void *hak_alloc_arena_run(size_t size, size_t align, uintptr_t site, bool zero)
 {
     heap_t *heap = heap_get();
     if (!align && likely(heap->sample_left > (long)size)) {
@@ -134,12 +134,38 @@ static inline void *hak_alloc_arena(size_t size, size_t align, uintptr_t site, b
     return hak_alloc_arena_slow(size, align, site, zero);
 }
 
+/* The same, where the hardened build records the request in the block's
+ * canary (arena.c); the slow path may have served a large block. */
+static inline void *hak_alloc_arena(size_t size, size_t align, uintptr_t site, bool zero)
+{
+    void *b = hak_alloc_arena_run(size, align, site, zero);
+    if (HAK_SECURE && b && segmap_kind(b) == SEG_ARENA)
+        arena_block_sized(b, size);
+    return b;
+}
+
+/* A mid block of class c for a request of size bytes; the hardened build
+ * records the request in its canary (block_slack_set), or in a page
+ * arena's block's where the block is a sample served there. */
+static inline void *hak_alloc_mid_sized(unsigned c, size_t size, uintptr_t site)
+{
+    void *b = hak_alloc_mid(c, size, site);
+    if (HAK_SECURE && b) {
+        unsigned kind = segmap_kind(b);
+        if (kind == SEG_SUPERSLAB)
+            block_slack_set(b, hak_class_size[c], size);
+        else if (kind == SEG_ARENA)
+            arena_block_sized(b, size);
+    }
+    return b;
+}
+
 /* A size above the tiny ones and up to LARGE_THRESHOLD_MIN, by its tier's
  * own path. */
 static inline void *hak_alloc_by_tier(size_t size, uintptr_t site)
 {
     if (size_in_slabs(size))
-        return hak_alloc_mid(mid_class_of(size), size, site);
+        return hak_alloc_mid_sized(mid_class_of(size + BLOCK_CANARY), size, site);
     return hak_alloc_arena(size, 0, site, false);
 }
 
@@ -297,7 +323,7 @@ static inline bool heap_mid_push(heap_t *heap, slab_t *s, void *p)
 {
     if (unlikely(!slab_block_in_use(s, p)))
         return false;
-    if (!heap_stash_take(heap, s, p)) {
+    if (!heap_stash_take(heap, s, p, false)) { /* its canaries checked (hak_free_irregular) */
         HAK_COUNT(heap, free_local_slow);
         slab_free_owned(s, p);
     }
@@ -318,6 +344,14 @@ void hak_free_irregular(slab_t *s, void *p, const char *op)
         return;
     if (block_is_free(block)) {
         hak_report_bad_pointer(op, p, "double free");
+        return;
+    }
+    int broken = HAK_SECURE ? block_canary_broken(s, block) : 0;
+    if (unlikely(broken)) { /* in warn mode the block stays allocated, its canaries mended */
+        hak_report_bad_pointer(op, p, broken > 0 ? "a write past the end of this block overwrote its canary"
+                                                 : "a write before the start of this block overwrote the canary "
+                                                   "of the block before it");
+        block_canaries_repair(s, block);
         return;
     }
     heap_t *heap = heap_get();
@@ -388,7 +422,10 @@ size_t hak_usable_size_checked(const void *p, const char *op)
     if (kind == SEG_SUPERSLAB) {
         slab_t *s = slab_of(superslab_of(p), p);
         char *block = slab_block_checked(s, (void *)p, op);
-        return block ? (size_t)(block + s->block_size - (const char *)p) : 0;
+        if (!block)
+            return 0;
+        long slack = HAK_SECURE ? block_slack(block, s->block_size) : 0;
+        return (size_t)(block + s->block_size - BLOCK_CANARY - (slack > 0 ? slack : 0) - (const char *)p);
     }
     if (kind == SEG_LARGE_HEAD || kind == SEG_LARGE_INTERIOR)
         return large_usable_size(p, op);
@@ -489,9 +526,9 @@ void *hak_alloc_aligned(size_t align, size_t size, uintptr_t site)
         return fail_enomem();
     size_t natural = size < align ? align : size;
     if (align <= SLAB_PAGE_SIZE && size_in_slabs(natural)) {
-        unsigned c = class_of(natural);
-        if (hak_class_size[c] % align == 0)
-            return class_stashes_frees(c) ? hak_alloc_mid(c, size, site) : hak_alloc_class(c, size, site);
+        unsigned c = slab_class_for(natural);
+        if (!HAK_SECURE && hak_class_size[c] % align == 0) /* blocks from a page's start (not past a lead) */
+            return class_stashes_frees(c) ? hak_alloc_mid_sized(c, size, site) : hak_alloc_class(c, size, site);
         size_t padded = size + align - 16;
         if (size_in_slabs(padded)) {
             char *b = hak_alloc(padded, 0); /* not tracked: the block would be freed from inside */

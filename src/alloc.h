@@ -129,8 +129,8 @@ static inline bool is_power_of_two(size_t x) { return x && !(x & (x - 1)); }
 
 static inline void *hak_alloc(size_t size, uintptr_t site)
 {
-    if (likely(size <= TINY_MAX))
-        return hak_alloc_class(hak_tiny_class_of[(size + 15) >> 4], size, site);
+    if (likely(size <= TINY_MAX - BLOCK_CANARY))
+        return hak_alloc_class(hak_tiny_class_of[(size + BLOCK_CANARY + 15) >> 4], size, site);
     return hak_alloc_slow_size(size, site);
 }
 
@@ -150,14 +150,17 @@ static inline bool slab_block_in_use(const slab_t *s, const void *p) { return s-
 /* p, a live block of s (a mid slab the caller owns), joins its class's
  * stash if the stash has room: up to HEAP_STASH_BYTES, and in the
  * hardened build, which links a list only inside one SuperSlab
- * (block_next), only onto blocks of p's SuperSlab. The purger changes the
- * stashes under its claim: called inside the owner's mark
+ * (block_next), only onto blocks of p's SuperSlab; there, where `check`
+ * says, only with its canaries whole (else hak_free_irregular, which
+ * reports; it checks them once, where the stash has no room). The purger
+ * changes the stashes under its claim: called inside the owner's mark
  * (heap_mid_enter). */
-static inline bool heap_stash_take(heap_t *heap, slab_t *s, void *p)
+static inline bool heap_stash_take(heap_t *heap, slab_t *s, void *p, bool check)
 {
     uintptr_t head = *heap_stash(heap, s->class_idx);
     if ((size_t)front_count(head) * s->block_size >= HEAP_STASH_BYTES ||
-        (HAK_SECURE && head && superslab_of(front_first(head)) != superslab_of(p)))
+        (HAK_SECURE && head && superslab_of(front_first(head)) != superslab_of(p)) ||
+        (HAK_SECURE && check && block_canary_broken(s, p)))
         return false;
     HAK_COUNT(heap, free_stashed);
     heap_stash_push(heap, s->class_idx, p);
@@ -178,7 +181,7 @@ static inline bool hak_free_stashed(slab_t *s, void *p)
     if (atomic_load_explicit(&s->owner, memory_order_relaxed) != ((uintptr_t)heap | SLAB_STASHES_FREES) ||
         unlikely(!heap_mid_enter(heap)))
         return false;
-    bool stashed = slab_block_in_use(s, p) && heap_stash_take(heap, s, p);
+    bool stashed = slab_block_in_use(s, p) && heap_stash_take(heap, s, p, true);
     heap_mid_leave(heap);
     if (likely(stashed))
         heap_mid_cached(heap);
@@ -204,8 +207,8 @@ void hak_free_stashed_or_irregular(slab_t *s, void *p, const char *op);
  * mid4k took 11 instructions more a pair, 135.2 against 124.2).
  * Anything unusual (another thread's slab, a slab with other flags, a
  * pointer that is not a block start, a block that carries the free mark,
- * a slab with no block in use, the purger at the stashes) goes to
- * hak_free_irregular, which also reports. */
+ * a slab with no block in use, the purger at the stashes, a broken canary
+ * in the hardened build) goes to hak_free_irregular, which also reports. */
 static inline void hak_free_checked(void *p, const char *op)
 {
     unsigned kind = segmap_kind(p);
@@ -220,7 +223,7 @@ static inline void hak_free_checked(void *p, const char *op)
     heap_t *heap = heap_get();
     if (likely(atomic_load_explicit(&s->owner, memory_order_relaxed) == (uintptr_t)heap)) {
         uint32_t used = s->used;
-        if (likely(slab_block_unfreed(s, p))) {
+        if (likely(slab_block_unfreed(s, p)) && (!HAK_SECURE || likely(block_canaries_plain(s, p)))) {
             if (likely(used > 1)) {
                 HAK_COUNT(heap, free_local);
                 block_link(p, s->free);

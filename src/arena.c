@@ -92,6 +92,7 @@ typedef struct arena {
     uint32_t commit_end;      /* pages below are mapped (in ARENA_COMMIT_PAGES steps) */
     uint32_t end;             /* the arena grows no further: ARENA_PAGES, or where it met another mapping */
     bool reserved;            /* its whole window is reserved; else only pages below commit_end are mapped */
+    uint32_t open_end;        /* pages below are accessible; in the hardened build those above are not (arena_open) */
     uint32_t used_pages;      /* in blocks handed out */
     uint32_t free_pages;      /* in free extents below top */
     uint32_t dirty_free_pages; /* of which flagged dirty */
@@ -110,6 +111,7 @@ _Static_assert(offsetof(arena_t, map) == ARENA_MAP_OFFSET, "arena_head_entry fin
 #define ARENA_HEADER_PAGES ((sizeof(arena_t) + ARENA_PAGE - 1) / ARENA_PAGE)
 #define ARENA_FIRST_PAGE ((uint32_t)ARENA_HEADER_PAGES)
 #define ARENA_COMMIT_PAGES ((uint32_t)(((size_t)2 << 20) / ARENA_PAGE)) /* commit 2 MiB at a time */
+#define ARENA_OPEN_PAGES ((uint32_t)(((size_t)64 << 10) / ARENA_PAGE))
 _Static_assert(((size_t)ARENA_COMMIT_PAGES << ARENA_PAGE_SHIFT) % SS_SIZE == 0,
                "an arena maps whole chunks of the segment map");
 /* A free that leaves more than HAKMEM_ARENA_TRIM of dirty wilderness
@@ -154,9 +156,13 @@ static void spin_unlock(_Atomic int *lock) { atomic_store_explicit(lock, 0, memo
 static void lane_lock(lane_t *l) { spin_lock(&l->lock); }
 static void lane_unlock(lane_t *l) { spin_unlock(&l->lock); }
 
+static uint64_t canary_secret; /* the hardened build's (canary_value) */
+
 /* One lane per CPU the process may run on. */
 void arena_init(void)
 {
+    if (HAK_SECURE)
+        canary_secret = canary_secret_of(os_random());
     unsigned count = os_cpu_count();
     lane_count = count > ARENA_LANES_MAX ? ARENA_LANES_MAX : count;
 }
@@ -334,6 +340,10 @@ static arena_t *arena_new(lane_t *l)
     a->commit_end = commit;
     a->end = ARENA_PAGES;
     a->reserved = reserved;
+    a->open_end = commit;
+    uint32_t first_open = (ARENA_FIRST_PAGE + ARENA_OPEN_PAGES - 1) / ARENA_OPEN_PAGES * ARENA_OPEN_PAGES; /* kernel pages up to 64 KiB */
+    if (HAK_SECURE && os_protect(page_address(a, first_open), (size_t)(commit - first_open) << ARENA_PAGE_SHIFT, false))
+        a->open_end = first_open;
     segmap_set_all(a, reserved ? ARENA_SIZE : bytes, SEG_ARENA);
     arena_t **link = &l->arenas;
     while (*link)
@@ -375,7 +385,32 @@ static bool arena_commit(arena_t *a, uint32_t end)
             os_advise_small_pages(from, bytes);
         segmap_set_all(from, bytes, SEG_ARENA);
     }
+    if (HAK_SECURE) /* closed until arena_open (where refused, left open) */
+        os_protect(from, bytes, false);
+    else
+        a->open_end = commit;
     a->commit_end = commit;
+    return true;
+}
+
+/* Make a's pages below `end` usable: committed (arena_commit), and in the
+ * hardened build opened. Its wilderness stays inaccessible past the 64
+ * KiB after its last block, so that a stray write past the blocks faults
+ * (in 2 MiB steps, a block's first 1 MiB past its end were writable),
+ * for an mprotect per 64 KiB the arena grows. */
+
+static bool arena_open(arena_t *a, uint32_t end)
+{
+    if (end > a->commit_end && !arena_commit(a, end))
+        return false;
+    if (!HAK_SECURE || end <= a->open_end)
+        return true;
+    uint32_t open = (end + ARENA_OPEN_PAGES - 1) / ARENA_OPEN_PAGES * ARENA_OPEN_PAGES;
+    if (open > a->commit_end)
+        open = a->commit_end;
+    if (!os_protect(page_address(a, a->open_end), (size_t)(open - a->open_end) << ARENA_PAGE_SHIFT, true))
+        return false;
+    a->open_end = open;
     return true;
 }
 
@@ -399,6 +434,8 @@ static void arena_unmap_wilderness(arena_t *a)
         return;
     }
     a->commit_end = keep;
+    if (a->open_end > keep)
+        a->open_end = keep;
     if (a->dirty_end > keep)
         a->dirty_end = keep;
     if (a->top_high > keep)
@@ -438,6 +475,112 @@ static void wilderness_trim_unlock(lane_t *l, arena_t *a)
     wilderness_purged(a, from);
     lane_unlock(l);
     pthread_mutex_unlock(&l->purge_lock);
+}
+
+/* ---- canaries (hardened build) ---------------------------------------------------- */
+
+/* The hardened build ends every block with a canary of BLOCK_CANARY bytes,
+ * never part of its usable size, as the slab blocks' (block.h): a secret
+ * xor its address, with the slack between the request's end and it in
+ * its top bits, the slack's first bytes filled (block.h, slack_fill). The canary is written with no slack
+ * under the lane lock whenever the run is handed out or resized, and the
+ * holder then records the request (arena_block_sized): a free that
+ * checks, under the lane lock, the canary just before its block (a used
+ * extent's end) never reads one not yet written. A block waiting in a
+ * thread's front holds a second one in its first word (arena_freed_mark),
+ * which a write or clear after free changes and the malloc that takes it
+ * checks (arena_freed_check). */
+static uintptr_t canary_value(const void *at, size_t slack)
+{
+    return canary_keyed(canary_secret, at) ^ ((uintptr_t)slack << CANARY_SLACK_SHIFT);
+}
+
+static uintptr_t *canary_before(const char *end) { return (uintptr_t *)(end - BLOCK_CANARY); }
+
+/* The slack recorded by the canary that ends a run of `bytes` at end, or
+ * -1 where it was overwritten (canary_slack_decoded). */
+static long canary_slack(const char *end, size_t bytes)
+{
+    return canary_slack_decoded(*canary_before(end) ^ canary_value(canary_before(end), 0), bytes);
+}
+
+static void canary_set(arena_t *a, uint32_t start, uint32_t pages, size_t slack)
+{
+    if (!HAK_SECURE)
+        return;
+    char *end = page_address(a, start + pages);
+    slack_fill(end - BLOCK_CANARY - slack, slack);
+    *canary_before(end) = canary_value(canary_before(end), slack);
+}
+
+/* The end of p's run, p a block handed out (its holder reads its head entry). */
+static char *block_end(const void *p)
+{
+    uint64_t e = atomic_load_explicit(arena_head_entry(p), memory_order_relaxed);
+    return (char *)p + ((size_t)e_pages(e) << ARENA_PAGE_SHIFT);
+}
+
+static long run_slack(const void *p)
+{
+    const char *end = block_end(p);
+    return canary_slack(end, (size_t)(end - (const char *)p));
+}
+
+void arena_block_sized(void *p, size_t request)
+{
+    request += !request; /* as block_slack_set */
+    char *end = block_end(p);
+    arena_t *a = arena_of(p);
+    canary_set(a, page_index(a, p), (uint32_t)((size_t)(end - (char *)p) >> ARENA_PAGE_SHIFT),
+               (size_t)(end - BLOCK_CANARY - (char *)p) - request);
+}
+
+/* The request p (a block handed out) holds, from its canary; its run's
+ * bytes but the canary where that was overwritten. */
+static size_t block_request(const void *p)
+{
+    long slack = run_slack(p);
+    return (size_t)(block_end(p) - BLOCK_CANARY - (const char *)p) - (slack > 0 ? (size_t)slack : 0);
+}
+
+bool arena_block_intact(const void *p)
+{
+    const char *end = block_end(p);
+    long slack = run_slack(p);
+    if (slack < 0)
+        return false;
+    return slack_intact(end - BLOCK_CANARY - slack, (size_t)slack);
+}
+
+/* Under the lane lock: 0 when the canaries of the block at start hold,
+ * 1 for its own (a write past its end), -1 for the one before it (the
+ * used extent there, written past its end or before this block's start). */
+static int block_canary_fault(arena_t *a, uint32_t start)
+{
+    char *p = page_address(a, start);
+    if (!arena_block_intact(p))
+        return 1;
+    uint64_t before = start > ARENA_FIRST_PAGE ? entry(a, start - 1) : 0; /* a tail entry, or a one-page head */
+    return before && e_state(before) == EXTENT_USED && canary_slack(p, (size_t)e_pages(before) << ARENA_PAGE_SHIFT) < 0
+               ? -1
+               : 0;
+}
+
+/* Mended after a report in HAKMEM_ON_ERROR=warn mode, with no slack. */
+static void block_canary_mend(arena_t *a, uint32_t start)
+{
+    canary_set(a, start, e_pages(entry(a, start)), 0);
+    uint64_t before = start > ARENA_FIRST_PAGE ? entry(a, start - 1) : 0;
+    if (before && e_state(before) == EXTENT_USED)
+        canary_set(a, start - e_pages(before), e_pages(before), 0);
+}
+
+void arena_freed_mark(void *p) { *(uintptr_t *)p = canary_value(p, 0) ^ 1; }
+
+void arena_freed_check(const void *p)
+{
+    if (*(const uintptr_t *)p != (canary_value(p, 0) ^ 1))
+        hak_free_list_corrupt(p);
 }
 
 /* ---- taking and giving back extents (under the lane lock) ------------------------- */
@@ -485,7 +628,7 @@ static uint32_t arena_take_wild(arena_t *a, uint32_t pages, size_t *stale)
     if (a->end - a->top < pages || (a->purging_from && a->top + pages > a->purging_from))
         return 0;
     uint32_t start = a->top, end = start + pages;
-    if (end > a->commit_end && !arena_commit(a, end))
+    if (end > a->open_end && !arena_open(a, end))
         return 0;
     uint32_t dirty = a->dirty_end > start ? (a->dirty_end < end ? a->dirty_end : end) - start : 0;
     a->top = end;
@@ -599,7 +742,7 @@ static void arena_dirtied(uint32_t pages)
  * measured at 373bbb5). */
 void *arena_alloc(size_t size, size_t align, unsigned lane_index, bool zero)
 {
-    uint32_t pages = size ? arena_class_pages((uint32_t)((size + ARENA_PAGE - 1) >> ARENA_PAGE_SHIFT)) : 1;
+    uint32_t pages = size || HAK_SECURE ? arena_class_pages(arena_pages_for(size)) : 1;
     uint32_t align_pages = align > ARENA_PAGE ? (uint32_t)(align >> ARENA_PAGE_SHIFT) : 1;
     uint32_t want = pages + align_pages - 1;
     lane_t *l = &lanes[lane_index];
@@ -626,6 +769,8 @@ void *arena_alloc(size_t size, size_t align, unsigned lane_index, bool zero)
             start = arena_take_wild(a, want, &stale);
         if (start && align_pages > 1)
             start = arena_align_run(a, start, pages, align_pages);
+        if (start)
+            canary_set(a, start, pages, 0);
         lane_unlock(l);
         if (start) {
             char *p = page_address(a, start);
@@ -703,6 +848,15 @@ void arena_free(void *p, const char *op)
     bool trim = false;
     lane_lock(l);
     const char *fault = block_fault(a, p, &start);
+    if (!fault && HAK_SECURE) {
+        int broken = block_canary_fault(a, start);
+        if (broken) { /* in warn mode the block stays allocated, its canaries mended */
+            fault = broken > 0 ? "a write past the end of this block overwrote its canary"
+                               : "a write before the start of this block (or past the end of the block before it) "
+                                 "overwrote the canary between them";
+            block_canary_mend(a, start);
+        }
+    }
     if (!fault) {
         head = entry(a, start);
         trim = arena_give_back(a, start, e_pages(head));
@@ -726,7 +880,7 @@ size_t arena_usable_size(const void *p, const char *op)
     uint32_t start;
     lane_lock(a->lane);
     const char *fault = block_fault(a, p, &start);
-    size_t size = fault ? 0 : (size_t)e_pages(entry(a, start)) << ARENA_PAGE_SHIFT;
+    size_t size = fault ? 0 : HAK_SECURE ? block_request(p) : (size_t)e_pages(entry(a, start)) << ARENA_PAGE_SHIFT;
     lane_unlock(a->lane);
     if (fault)
         hak_report_bad_pointer(op, p, fault);
@@ -759,13 +913,14 @@ bool arena_owns(const void *p)
 size_t arena_realloc_in_place(void *p, size_t size, bool resize, bool *resized, uintptr_t site, const char *op)
 {
     arena_t *a = arena_of(p);
-    uint32_t start, want = arena_class_pages((uint32_t)((size + ARENA_PAGE - 1) >> ARENA_PAGE_SHIFT));
+    uint32_t start, want = arena_class_pages(arena_pages_for(size));
     bool done = false, trim = false;
     size_t stale = 0; /* of the pages it grows into, the bytes at their start that may be resident */
     lane_lock(a->lane);
     const char *fault = block_fault(a, p, &start);
     uint64_t head = fault ? 0 : entry(a, start), sampled = head & E_SAMPLE_BITS;
     uint32_t have = e_pages(head), end = start + have;
+    size_t usable = fault ? 0 : HAK_SECURE ? block_request(p) : (size_t)have << ARENA_PAGE_SHIFT;
     if (!fault && resize) {
         done = true;
         if (want < have) { /* the tail goes back */
@@ -789,6 +944,8 @@ size_t arena_realloc_in_place(void *p, size_t size, bool resize, bool *resized, 
         if (sampled) /* the record stays with the block */
             entry_set(a, start, entry(a, start) | sampled);
     }
+    if (done)
+        canary_set(a, start, want, 0);
     if (trim)
         wilderness_trim_unlock(a->lane, a);
     else
@@ -811,7 +968,9 @@ size_t arena_realloc_in_place(void *p, size_t size, bool resize, bool *resized, 
     } else if (done && sampled) {
         hak_profile_hooks.sample_resized(e_record(head), size);
     }
-    return (size_t)have << ARENA_PAGE_SHIFT;
+    if (HAK_SECURE && done)
+        arena_block_sized(p, size);
+    return usable;
 }
 
 /* ---- the lanes' pools ----------------------------------------------------------- */

@@ -26,6 +26,13 @@ void arena_fork_child(void);
 void *arena_pool_take(unsigned lane, uint32_t pages);
 bool arena_pool_put(void *p, uint64_t e, unsigned bin);
 bool arena_in_lane(const void *p, unsigned lane);
+/* The hardened build's canaries (arena.c): p, a block handed out, holds a
+ * request of request bytes; whether its canary and slack hold; a block
+ * put in a front marked, and checked when taken from it. */
+void arena_block_sized(void *p, size_t request);
+bool arena_block_intact(const void *p);
+void arena_freed_mark(void *p);
+void arena_freed_check(const void *p);
 void arena_pools_flush(unsigned lane);
 
 /* The arena's map: an 8-byte entry a page, ARENA_MAP_OFFSET bytes into

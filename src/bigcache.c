@@ -79,7 +79,8 @@ static uint64_t purge_if_due(large_hdr_t *h, uint64_t now)
     uint64_t due = h->cached_at_ms + (uint64_t)hak_config.purge_delay_ms;
     if (now < due)
         return due;
-    os_purge((char *)h + os_page_size(), h->map_size - os_page_size());
+    char *block = (char *)h + os_page_size(); /* to the mapping's end: a guard page purges as well */
+    os_purge(block, (size_t)(h->map_base + h->map_size - block));
     h->purged = 1;
     return 0;
 }

@@ -38,6 +38,7 @@ void arena_front_check(const uintptr_t *b, uint32_t pages, unsigned count)
 {
     if (segmap_kind(b) != SEG_ARENA || front_count(b[ARENA_FRONT_LINK]) != count - 1)
         hak_free_list_corrupt(b);
+    arena_freed_check(b);
     uint64_t e = head_of(b);
     if ((e & E_FRONT_TEST) != (E_USED_HEAD | E_IN_FRONT) || e_pages(e) != pages)
         hak_free_list_corrupt(b);
@@ -98,6 +99,8 @@ static HAK_NOINLINE void class_free(void *p, const char *op, _Atomic uint64_t *e
             if (kept) {
                 atomic_store_explicit(entry, e | E_IN_FRONT, memory_order_relaxed); /* first, as for a list: a fork may lose it, never unmark it */
                 atomic_signal_fence(memory_order_seq_cst);
+                if (HAK_SECURE)
+                    arena_freed_mark(p);
                 heap->arena_class_stack[k][n] = p;
                 heap->arena_class_count[k] = (uint8_t)(n + 1);
             }
@@ -125,6 +128,10 @@ void arena_front_free(void *p, const char *op)
     }
     _Atomic uint64_t *entry = arena_head_entry(p);
     uint64_t e = atomic_load_explicit(entry, memory_order_relaxed);
+    if (HAK_SECURE && (e & E_FRONT_TEST) == E_USED_HEAD && !arena_block_intact(p)) {
+        arena_free(p, op); /* which reports it */
+        return;
+    }
     unsigned bin = e_pages(e) - ARENA_FRONT_MIN_PAGES; /* a bin per page count up to 64 KiB (fewer wrap around) */
     if ((e & E_FRONT_TEST) == E_USED_HEAD && bin >= ARENA_FRONT_EXACT_BINS) {
         class_free(p, op, entry, e);
@@ -140,6 +147,8 @@ void arena_front_free(void *p, const char *op)
              * the child, never leaves an unmarked one in a bin). */
             atomic_store_explicit(entry, e | E_IN_FRONT, memory_order_relaxed);
             atomic_signal_fence(memory_order_seq_cst);
+            if (HAK_SECURE)
+                arena_freed_mark(p);
             ((uintptr_t *)p)[ARENA_FRONT_LINK] = head;
             *list = (uintptr_t)p | (front_count(head) + 1);
         }

@@ -182,6 +182,8 @@ static void *slab_carve(slab_t *s, void **tail)
     if (!left)
         return NULL;
     char *first = s->start + (size_t)s->carved * s->block_size;
+    if (HAK_SECURE && !s->carved && ((uintptr_t)s->start & SLAB_LEAD_MASK)) /* the canary before the first block (slab_lead) */
+        block_canaries_set(s->start - s->block_size, 1, s->block_size);
     size_t to_page_end = CARVE_BYTES - ((uintptr_t)first & (CARVE_BYTES - 1));
     uint32_t n = (uint32_t)((to_page_end + s->block_size - 1) / s->block_size);
     if (s->carved && s->block_size <= TINY_MAX && n < CARVE_MIN_TINY)
@@ -191,8 +193,10 @@ static void *slab_carve(slab_t *s, void **tail)
     __atomic_store_n(&s->carved, s->carved + n, __ATOMIC_RELAXED); /* read by other threads' frees */
     s->used += n;
     s->carved_end = first + (size_t)n * s->block_size;
-    if (HAK_SECURE)
+    if (HAK_SECURE) {
+        block_canaries_set(first, n, s->block_size);
         return thread_shuffled(first, n, s->block_size, tail);
+    }
     block_keys_t keys = block_keys(first);
     char *b = first;
     for (uint32_t i = 1; i < n; i++, b += s->block_size)
@@ -840,7 +844,8 @@ void heap_flush_class(heap_t *heap, unsigned c)
 }
 
 /* The pages inside the free blocks of a slab still in use go back to the
- * OS; each block's first page stays, since it holds the free-list link. */
+ * OS; each block's first page stays, since it holds the free-list link,
+ * and its last one where it holds the hardened build's canary. */
 static void slab_purge_free_blocks(slab_t *s)
 {
     uintptr_t page = os_page_size();
@@ -848,7 +853,7 @@ static void slab_purge_free_blocks(slab_t *s)
         return;
     for (char *b = s->free; b; b = block_next(b)) {
         uintptr_t from = ((uintptr_t)b + page) & ~(page - 1);
-        uintptr_t to = ((uintptr_t)b + s->block_size) & ~(page - 1);
+        uintptr_t to = ((uintptr_t)b + s->block_size - BLOCK_CANARY) & ~(page - 1);
         if (to > from)
             os_purge((void *)from, to - from);
     }
@@ -919,12 +924,14 @@ void heap_mid_cached_first(heap_t *heap)
  * the owner's tiny refills use without the claim. */
 static void slab_forget_blocks(slab_t *s)
 {
-    size_t page = os_page_size(), touched = (slab_touched_bytes(s) + page - 1) & ~(page - 1);
+    size_t lead = (uintptr_t)s->start & SLAB_LEAD_MASK, page = os_page_size();
+    size_t touched = (lead + slab_touched_bytes(s) + page - 1) & ~(page - 1);
+    bool carved = s->carved != 0;
     s->free = NULL;
     __atomic_store_n(&s->carved, 0, __ATOMIC_RELAXED); /* read by other threads' frees */
     s->carved_end = s->start;
-    if (touched)
-        os_purge(s->start, touched);
+    if (carved)
+        os_purge(s->start - lead, touched);
 }
 
 /* Under the claim: the class's other slabs that the stash's return

@@ -357,6 +357,8 @@ static inline void arena_front_limit_grow(heap_t *heap, unsigned bin)
 static inline void *arena_class_pop(heap_t *heap, unsigned k)
 {
     void *b = heap->arena_class_stack[k][--heap->arena_class_count[k]];
+    if (HAK_SECURE)
+        arena_freed_check(b);
     atomic_signal_fence(memory_order_seq_cst);
     front_unmark(arena_head_entry(b));
     return b;
@@ -387,7 +389,7 @@ static inline void *arena_class_take(heap_t *heap, uint32_t pages)
  * more, and battle mir's 12 (measured at 463d85b). */
 static inline void *arena_front_take(heap_t *heap, size_t size)
 {
-    uint32_t pages = (uint32_t)((size + ARENA_PAGE - 1) >> ARENA_PAGE_SHIFT);
+    uint32_t pages = arena_pages_for(size);
     hak_assert(pages >= ARENA_FRONT_MIN_PAGES);
     if (pages > ARENA_EXACT_MAX_PAGES)
         return pages <= ARENA_FRONT_MAX_PAGES ? arena_class_take(heap, pages) : NULL;

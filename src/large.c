@@ -8,6 +8,7 @@
  * one. */
 #define _GNU_SOURCE
 #include "large.h"
+#include "block.h"
 #include "error.h"
 #include "os.h"
 #include "hooks.h"
@@ -28,17 +29,75 @@ static size_t page_round(size_t n)
     return (n + page - 1) & ~(page - 1);
 }
 
-/* The hardened build ends each mapping with a page that faults on access:
- * an overflow past the block's last page stops there. At the process's
- * limit of mappings the kernel may refuse the split that the guard makes;
- * the block then has none (and a guarded one that realloc must grow fails
- * to move, as the guard splits its mapping in two). */
+/* The hardened build starts and ends each mapping with a page that
+ * faults on access: an overflow past the block's last page stops at the
+ * one after it, an underflow that runs through the header page at the one
+ * before. At the process's limit of mappings the kernel may refuse the
+ * split that a guard makes; the block then has none (and a guarded one
+ * that realloc must grow fails to move, as the guards split its mapping).
+ * The 8 bytes before the block hold a canary (its address xor a secret),
+ * checked by every free, realloc and usable size: a write just before
+ * the block overwrites it. The first bytes after the request hold
+ * CANARY_BYTE (block.h, slack_fill), checked as well, and the usable
+ * size is the request: a write past it is caught (the slack of the slab
+ * and arena blocks, block.h). And a freed block that BigCache keeps has
+ * its first page inaccessible until it is handed out again: a read or
+ * write after free at the block's start, where a stale pointer's fields
+ * most likely lie, faults as at an unmapped block. (All its pages cost an
+ * mprotect that rewrites every resident page's entry, at each free and
+ * each reuse.) */
 static size_t guard_size(void) { return HAK_SECURE ? os_page_size() : 0; }
 
 static void guard_set(large_hdr_t *h, bool on)
 {
-    if (HAK_SECURE)
+    if (HAK_SECURE) {
+        os_protect(h->map_base, guard_size(), !on);
         os_protect(h->map_base + h->map_size - guard_size(), guard_size(), !on);
+    }
+}
+
+static uint64_t canary_secret;
+
+static uintptr_t *canary_of(const large_hdr_t *h) { return (uintptr_t *)(h->user - sizeof(uintptr_t)); }
+
+static uintptr_t canary_value(const large_hdr_t *h)
+{
+    if (!canary_secret) /* once per process, races give the same kind of value */
+        __atomic_store_n(&canary_secret, canary_secret_of(os_random()), __ATOMIC_RELAXED);
+    return canary_keyed(__atomic_load_n(&canary_secret, __ATOMIC_RELAXED), canary_of(h));
+}
+
+static void canary_set(large_hdr_t *h)
+{
+    if (HAK_SECURE)
+        *canary_of(h) = canary_value(h);
+}
+
+/* The usable size of the hardened build: the request (a request of 0 is
+ * given 1 byte, as a usable size of 0 would read as a bad pointer's). */
+static size_t request_bytes(const large_hdr_t *h) { return h->size + !h->size; }
+
+/* h->size set: its slack filled. */
+static void slack_set(large_hdr_t *h)
+{
+    if (HAK_SECURE)
+        slack_fill(h->user + request_bytes(h), h->usable - request_bytes(h));
+}
+
+static bool block_slack_intact(const large_hdr_t *h)
+{
+    return slack_intact(h->user + request_bytes(h), h->usable - request_bytes(h));
+}
+
+/* The block's pages, from the first after the header. */
+static char *block_pages(const large_hdr_t *h) { return (char *)h + os_page_size(); }
+
+/* Hardened: a freed block's first page made inaccessible while BigCache
+ * keeps it, and accessible again when it is handed out. false where the
+ * kernel refused (the limit of mappings). */
+static bool cached_protect(large_hdr_t *h, bool accessible)
+{
+    return !HAK_SECURE || os_protect(block_pages(h), os_page_size(), accessible);
 }
 
 /* A block whose pages from `from` on are not resident, about to be handed
@@ -70,6 +129,7 @@ static void *large_born(large_hdr_t *h, size_t size, uintptr_t site, char *unbac
 {
     h->size = size;
     h->born_size = size;
+    slack_set(h);
     h->fresh = unbacked == h->user;
     h->site_rules = 0;
     h->sample = 0;
@@ -121,6 +181,10 @@ static void *large_reuse(size_t size, size_t align, uintptr_t site, bool *stale,
     large_hdr_t *h = bigcache_take(site, size, align, &reshape);
     if (!h)
         return NULL;
+    if (!cached_protect(h, true)) {
+        large_unmap(h);
+        return NULL;
+    }
     size_t old_usable = h->usable;
     if (reshape) {
         large_hdr_t *resized = large_resize(h, reshaped_size(h, size));
@@ -131,6 +195,7 @@ static void *large_reuse(size_t size, size_t align, uintptr_t site, bool *stale,
         h = resized;
     }
     h->magic = LARGE_MAGIC;
+    canary_set(h);
     *stale = !(h->purged && os_purged_pages_read_zero());
     char *unbacked = h->purged ? h->user : h->usable > old_usable ? h->user + old_usable : NULL;
     return large_born(h, size, site, unbacked, true, start);
@@ -210,14 +275,17 @@ static size_t large_colour(size_t align)
     return align <= 64 ? colour : colour & ~(align - 1); /* 0 for alignments above it */
 }
 
-/* The mapping's geometry: the block starts colour bytes after the header
- * page, and runs to the end but for the guard page. */
-static void large_place(large_hdr_t *h, char *base, size_t map_size, size_t colour)
+/* The mapping's geometry: the guard page before the header in the
+ * hardened build, the header page, the block colour bytes after it,
+ * running to the end but for the guard page there. Returns the header. */
+static large_hdr_t *large_place(char *base, size_t map_size, size_t colour)
 {
+    large_hdr_t *h = (large_hdr_t *)(base + guard_size());
     h->map_base = base;
     h->map_size = map_size;
-    h->user = base + os_page_size() + colour;
-    h->usable = map_size - guard_size() - os_page_size() - colour;
+    h->user = (char *)h + os_page_size() + colour;
+    h->usable = map_size - 2 * guard_size() - os_page_size() - colour;
+    return h;
 }
 
 /* A new mapping: a header page, then the block's first chunk, at an
@@ -233,12 +301,12 @@ static void *large_map(size_t size, size_t align, uintptr_t site, uint64_t start
     }
     /* A block of size 0 gets a page too: at the mapping's end, its
      * address would belong to no one (aligned_alloc(1 MiB, 0) did). */
-    size_t map_size = page + page_round(colour + (size ? size : 1)) + guard_size();
+    size_t map_size = page + page_round(colour + (size ? size : 1)) + 2 * guard_size();
     char *base = NULL;
     for (int attempt = 0; !base && attempt < 2; attempt++) {
         if (attempt && !purger_release_caches())
             break;
-        base = os_map_aligned_at(map_size, chunk_align, page);
+        base = os_map_aligned_at(map_size, chunk_align, guard_size() + page);
         if (base && !segmap_cover(base, map_size)) {
             os_unmap(base, map_size);
             base = NULL;
@@ -246,11 +314,11 @@ static void *large_map(size_t size, size_t align, uintptr_t site, uint64_t start
     }
     if (!base)
         return NULL; /* errno ENOMEM from the mapping or a leaf of the segment map */
-    large_hdr_t *h = (large_hdr_t *)base;
+    large_hdr_t *h = large_place(base, map_size, colour);
     h->magic = LARGE_MAGIC;
-    large_place(h, base, map_size, colour);
     h->site = site;
     guard_set(h, true);
+    canary_set(h);
     large_mark(h);
     atomic_fetch_add_explicit(&hak_large_allocs, 1, memory_order_relaxed);
     atomic_fetch_add_explicit(&hak_large_mapped, map_size, memory_order_relaxed);
@@ -289,6 +357,16 @@ static large_hdr_t *large_header_checked(const void *p, const char *op)
         hak_report_bad_pointer(op, p, "interior pointer: not the start of a block");
         return NULL;
     }
+    if (HAK_SECURE && *canary_of(h) != canary_value(h)) { /* in warn mode the block stays allocated */
+        hak_report_bad_pointer(op, p, "a write before the start of this block overwrote its canary");
+        canary_set(h);
+        return NULL;
+    }
+    if (HAK_SECURE && !block_slack_intact(h)) {
+        hak_report_bad_pointer(op, p, "a write past the end of this block overwrote its slack");
+        slack_set(h);
+        return NULL;
+    }
     return h;
 }
 
@@ -314,7 +392,7 @@ static void large_died(large_hdr_t *h)
     hak_profile_hooks.lifetime(h->site_index, h->born);
     /* Huge pages are resident whole: they tell nothing of the touches. */
     if (h->fresh && !h->huge && h->size && hak_profile_hooks.wants_touch(h->site_index)) {
-        char *first_page = h->map_base + os_page_size();
+        char *first_page = block_pages(h);
         size_t span = (size_t)(h->user + h->size - first_page);
         hak_profile_hooks.touched(h->site_index, os_resident_bytes(first_page, span), span);
     }
@@ -329,7 +407,7 @@ void large_free(void *p, const char *op)
     if (!h)
         return;
     large_died(h);
-    if (!(h->site_rules & RULE_NO_BIGCACHE)) {
+    if (!(h->site_rules & RULE_NO_BIGCACHE) && cached_protect(h, false)) {
         h->magic = LARGE_MAGIC_CACHED;
         if (bigcache_put(h))
             return;
@@ -340,7 +418,7 @@ void large_free(void *p, const char *op)
 size_t large_usable_size(const void *p, const char *op)
 {
     large_hdr_t *h = large_header_checked(p, op);
-    return h ? h->usable : 0;
+    return h ? HAK_SECURE ? request_bytes(h) : h->usable : 0;
 }
 
 /* h holds size bytes now, after a realloc at site: for the profile an
@@ -358,6 +436,7 @@ static void large_resized(large_hdr_t *h, size_t size, uintptr_t site)
         hak_profile_hooks.sample_resized(h->sample, size);
     }
     h->size = size;
+    slack_set(h);
 }
 
 /* The mapping of h resized for a block of size: the tail unmapped, or
@@ -367,12 +446,12 @@ static void large_resized(large_hdr_t *h, size_t size, uintptr_t site)
  * unchanged. */
 static large_hdr_t *large_resize(large_hdr_t *h, size_t size)
 {
-    size_t page = os_page_size(), colour = (size_t)(h->user - h->map_base) - page;
+    size_t page = os_page_size(), colour = (size_t)(h->user - h->map_base) - guard_size() - page;
     if (size > SIZE_MAX - page - SS_SIZE) {
         errno = ENOMEM;
         return NULL;
     }
-    size_t new_map = page + page_round(colour + size) + guard_size();
+    size_t new_map = page + page_round(colour + size) + 2 * guard_size();
     if (new_map == h->map_size)
         return h;
     if (h->untold) { /* its bytes change: it counts again at its next free */
@@ -391,18 +470,18 @@ static large_hdr_t *large_resize(large_hdr_t *h, size_t size)
     } else {
         /* The block's first chunk must stay 2 MiB-aligned (alignments
          * above that are not kept by realloc, as in glibc). */
-        char *moved = os_remap_aligned(base, old_map, new_map, SS_SIZE, page, segmap_cover);
+        char *moved = os_remap_aligned(base, old_map, new_map, SS_SIZE, guard_size() + page, segmap_cover);
         if (!moved) {
             large_mark(h);
             guard_set(h, true);
             return NULL; /* errno ENOMEM */
         }
         base = moved;
-        h = (large_hdr_t *)base;
     }
     atomic_fetch_add_explicit(&hak_large_mapped, new_map - old_map, memory_order_relaxed); /* modulo 2^64 */
-    large_place(h, base, new_map, colour);
+    h = large_place(base, new_map, colour);
     guard_set(h, true);
+    canary_set(h);
     large_mark(h);
     return h;
 }

@@ -108,10 +108,36 @@ static inline bool class_is_tiny(unsigned c) { return c < TINY_CLASSES; }
  * (75 -> 106 instructions a pair), a third of it the claim's stores
  * (measured at 4290b54). */
 static inline bool class_stashes_frees(unsigned c) { return !class_is_tiny(c); }
+/* The hardened build ends every slab block with a canary of 8 bytes
+ * (block.h) that the program is never given: a request takes the class
+ * that holds it and the canary. */
+#define BLOCK_CANARY (HAK_SECURE ? 8u : 0u)
+
+/* The hardened build starts a slab's blocks this far into its first page,
+ * with a canary just before the first (block.h), where the slab's
+ * leftover bytes (its pages less its blocks) leave room: 16 bytes for a
+ * tiny class, a front granule (128 B) for a mid one, which keeps a mid
+ * block's address clear of the count its front list keeps in the low bits
+ * (heap.h, front_count). A class that divides its slab exactly (a power
+ * of two) has no room: its first block has no canary before it, where a
+ * lead would cost a block of every slab (a 16th of the 4 KiB class's). */
+static inline size_t slab_lead(unsigned c, size_t block_size, size_t bytes)
+{
+    size_t lead = c < TINY_CLASSES ? 16 : FRONT_GRANULE;
+    return HAK_SECURE && bytes % block_size >= lead ? lead : 0;
+}
+
+/* A slab's first block lies (start & SLAB_LEAD_MASK) bytes, its lead, into
+ * its first page. */
+#define SLAB_LEAD_MASK ((uintptr_t)SLAB_PAGE_SIZE - 1)
+
+/* The slab class that serves a request of size bytes (size_in_slabs). */
+static inline unsigned slab_class_for(size_t size) { return class_of(size + BLOCK_CANARY); }
+
 /* Whether a block of this size comes from a slab, or from a page arena
  * (else its own mapping). */
-#define size_in_slabs(size) ((size) <= SLAB_CLASS_MAX)
-#define size_in_arenas(size) ((size) > SLAB_CLASS_MAX && (size) <= hak_large_threshold())
+#define size_in_slabs(size) ((size) <= SLAB_CLASS_MAX - BLOCK_CANARY)
+#define size_in_arenas(size) ((size) > SLAB_CLASS_MAX - BLOCK_CANARY && (size) <= hak_large_threshold())
 /* ---- Slabs and SuperSlabs ---------------------------------------------- */
 
 struct heap;
@@ -185,8 +211,11 @@ typedef struct superslab {
     struct superslab *hnext, *hprev; /* the owner's bin of SuperSlabs, or the pool */
     _Alignas(64) uint64_t mark_secret; /* random: keys the free mark of its blocks */
     uint64_t link_secret;     /* random: keys the block links of HAKMEM_SECURE */
+    uint64_t canary_secret;   /* random: keys the block canaries of HAKMEM_SECURE */
     uint32_t free_pages;      /* bit i: data page i belongs to no slab (owner writes) */
     uint32_t dirty_pages;     /* free pages touched since they were last purged (page lock) */
+    uint32_t open_pages;      /* data pages accessible: all but in the hardened build, where a page
+                                 opens when a slab first takes it (page lock) */
     _Atomic int pages_lock;
     struct heap *heap;        /* owner, or NULL in the pool */
     slab_t *page_slab[SS_PAGES];     /* the slab covering page i */
@@ -294,6 +323,13 @@ _Static_assert(ARENA_FRONT_BIN_BYTES / ((ARENA_EXACT_MAX_PAGES + 2) * ARENA_PAGE
  * 64-256 KiB) 46 instructions of 290. */
 extern const uint8_t hak_arena_bin_of[ARENA_FRONT_MAX_PAGES + 1];
 extern const uint8_t hak_arena_bin_pages[ARENA_FRONT_BINS];
+
+/* The pages an arena block for a request of size bytes spans, with the
+ * hardened build's canary (BLOCK_CANARY). */
+static inline uint32_t arena_pages_for(size_t size)
+{
+    return (uint32_t)((size + BLOCK_CANARY + ARENA_PAGE - 1) >> ARENA_PAGE_SHIFT);
+}
 
 /* The pages an arena block of `pages` pages asked for takes: up to 64 KiB
  * as many, then up to 256 KiB its class's (the next multiple of 2 pages

@@ -289,7 +289,10 @@ HAK_EXPORT void hak_collect(bool force)
 
 HAK_EXPORT int hak_tiny_class_count(void) { return TINY_CLASSES; }
 
-HAK_EXPORT int hak_tiny_size_class(size_t size) { return size <= TINY_MAX ? (int)class_of(size) : -1; }
+HAK_EXPORT int hak_tiny_size_class(size_t size)
+{
+    return size <= TINY_MAX - BLOCK_CANARY ? (int)slab_class_for(size) : -1;
+}
 
 HAK_EXPORT int hak_thread_cache_flush(int class_index)
 {

@@ -276,6 +276,12 @@ static arena_chunk_t *arena_chunk_new(unsigned kind)
     return a;
 }
 
+/* The hardened build fills the start of a sample's slot past the request
+ * (block.h, slack_fill), checks it at the free, and gives the request as
+ * its usable size: as a slab block's canary and slack, a write past the
+ * request's end is caught. */
+static size_t slot_slack(size_t size) { return hak_class_size[slab_class_for(size)] - size; }
+
 static void *slot_alloc(unsigned c, size_t size, float weight, uint32_t stack, uint64_t born)
 {
     unsigned kind = slot_kind_of(c);
@@ -295,7 +301,10 @@ static void *slot_alloc(unsigned c, size_t size, float weight, uint32_t stack, u
     *slot_of(a, i) = (sample_record_t){.born = born, .size = size, .weight = weight, .stack = stack};
     a->live++;
     pthread_mutex_unlock(&sample_lock);
-    return slot_address(a, i);
+    char *p = slot_address(a, i);
+    if (HAK_SECURE)
+        slack_fill(p + size, slot_slack(size));
+    return p;
 }
 
 /* The slot p starts, or NULL with *fault saying why (under sample_lock).
@@ -342,6 +351,11 @@ void sample_free(void *p, const char *op)
     const char *fault = NULL;
     pthread_mutex_lock(&sample_lock);
     sample_record_t *s = slot_checked(p, &fault);
+    if (HAK_SECURE && s && !slack_intact((const char *)p + s->size, slot_slack(s->size))) { /* in warn mode the block stays allocated */
+        fault = "a write past the end of this block overwrote its slack";
+        slack_fill((char *)p + s->size, slot_slack(s->size));
+        s = NULL;
+    }
     sample_record_t was;
     if (s) {
         arena_chunk_t *a = (arena_chunk_t *)superslab_of(p);
@@ -372,7 +386,7 @@ size_t sample_usable_size(const void *p, const char *op)
         hak_report_bad_pointer(op, p, fault);
         return 0;
     }
-    return hak_class_size[class_of(size)];
+    return HAK_SECURE ? size : hak_class_size[class_of(size)];
 }
 
 /* p inside a live slot's block (interior pointers included). */

@@ -4,9 +4,11 @@
 
 /* hak_tiny_class_of[(size + 15) / 16]: class k is 16 * (k + 1) bytes, and
  * size 0 takes the smallest. Constant so that the fast path can use it
- * before init. */
+ * before init. The hardened build never uses the 16-byte class, whose
+ * canary would be the free mark's word (block.h): its entry 1, requests
+ * of up to 8 bytes with their canary, names the 32-byte class. */
 const uint8_t hak_tiny_class_of[TINY_MAX / 16 + 1] = {
-    0, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20,
+    0, HAK_SECURE, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20,
     21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31, 32, 33, 34, 35, 36, 37, 38, 39,
     40, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51, 52, 53, 54, 55, 56, 57, 58,
     59, 60, 61, 62, 63};

@@ -75,6 +75,7 @@ static superslab_t *superslab_map_locked(void)
     ss->magic = SS_MAGIC;
     ss->mark_secret = os_random();
     ss->link_secret = os_random();
+    ss->canary_secret = HAK_SECURE ? canary_secret_of(os_random()) : 0;
     size_t page = os_page_size();
     /* The header's last page guards it from the first slab; no SuperSlab
      * without it (the kernel refuses at the limit of mappings). */
@@ -84,6 +85,10 @@ static superslab_t *superslab_map_locked(void)
         return NULL;
     }
     ss->free_pages = DATA_PAGES_MASK;
+    /* The hardened build's data pages stay inaccessible until a slab
+     * first takes them: a stray write past the slabs in use faults. */
+    bool closed = HAK_SECURE && os_protect((char *)ss + SLAB_PAGE_SIZE, SS_SIZE - SLAB_PAGE_SIZE, false);
+    ss->open_pages = closed ? 0 : DATA_PAGES_MASK;
     for (unsigned i = 0; i < SS_PAGES; i++)
         ss->page_slab[i] = &hak_no_slab;
     segmap_set(ss, SS_SIZE, SEG_SUPERSLAB);
@@ -314,6 +319,12 @@ slab_t *superslab_slab_acquire(heap_t *heap, unsigned c)
     unsigned page = place_run(ss->free_pages, ss->dirty_pages, span);
     hak_assert(page != 0); /* the bin promised a run that long */
     uint32_t mask = run_mask(page, span);
+    if ((mask & ~ss->open_pages) && !os_protect((char *)ss + (size_t)page * SLAB_PAGE_SIZE, (size_t)span * SLAB_PAGE_SIZE, true)) {
+        pages_unlock(ss); /* refused at the limit of mappings */
+        errno = ENOMEM;
+        return NULL;
+    }
+    ss->open_pages |= mask;
     ss->free_pages &= ~mask;
     ss->dirty_pages &= ~mask;
     pages_unlock(ss);
@@ -338,7 +349,9 @@ void slab_format(slab_t *s, heap_t *heap, unsigned c)
     s->parked = 0;
     s->block_size = block_size;
     s->recip = (((uint64_t)1 << RECIP_SHIFT) + block_size - 1) / block_size;
-    s->capacity = (uint32_t)((size_t)s->span * SLAB_PAGE_SIZE / block_size);
+    size_t bytes = (size_t)s->span * SLAB_PAGE_SIZE, lead = slab_lead(c, block_size, bytes);
+    s->start = (char *)((uintptr_t)s->start & ~SLAB_LEAD_MASK) + lead;
+    s->capacity = (uint32_t)((bytes - lead) / block_size);
     s->carved = 0;
     s->carved_end = s->start;
     s->next = s->prev = NULL;

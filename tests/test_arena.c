@@ -43,7 +43,14 @@ static hak_stats_t stats(void)
     return s;
 }
 
-static size_t pages_of(size_t size) { return (size + 4095) & ~(size_t)4095; }
+/* The hardened build ends every block with a canary of 8 bytes and gives
+ * the request as its usable size (docs/reliability.md): a block spans the
+ * pages of its request and canary, and its run is not seen through
+ * malloc_usable_size. The sizes below that must fill a run whole ask for
+ * the run less the canary. */
+static size_t canary(void) { return stats().hardened ? 8 : 0; }
+static size_t pages_of(size_t size) { return (size + canary() + 4095) & ~(size_t)4095; }
+static size_t usable_of(size_t size) { return canary() ? size : pages_of(size); }
 
 /* The compiler may drop stores to a block that is freed next: they
  * count as read here. */
@@ -77,16 +84,17 @@ static void test_served(void)
     CHECK(p && hak_owns(p) && hak_owns(p + 299999));
     CHECK(s.arenas >= 1);
     CHECK(s.arena_bytes == before + pages_of(300000));
-    CHECK(malloc_usable_size(p) == pages_of(300000));
+    CHECK(malloc_usable_size(p) == usable_of(300000));
     CHECK((uintptr_t)p % 4096 == 0);
     free(p);
     CHECK(stats().arena_bytes == before);
     /* The slab classes end at 16 KiB, the arenas at the large threshold. */
-    char *slab = heap_malloc(16 * KiB);
+    size_t slab_max = 16 * KiB - canary();
+    char *slab = heap_malloc(slab_max);
     CHECK(stats().arena_bytes == before);
     free(slab);
-    char *arena = heap_malloc(16 * KiB + 1);
-    CHECK(stats().arena_bytes == before + 20 * KiB && malloc_usable_size(arena) == 20 * KiB);
+    char *arena = heap_malloc(slab_max + 1);
+    CHECK(stats().arena_bytes == before + 20 * KiB && malloc_usable_size(arena) == usable_of(slab_max + 1));
     free(arena);
     hak_collect(false); /* its thread's front */
     CHECK(stats().arena_bytes == before);
@@ -105,8 +113,8 @@ static void test_front(void)
     char *a = heap_malloc(40 * KiB); /* its bin was empty: it keeps one block now */
     free(a);
     CHECK(stats().arena_bytes == before + block && !hak_owns(a));
-    char *b = heap_malloc(37 * KiB); /* as many pages */
-    CHECK(b == a && hak_owns(b) && malloc_usable_size(b) == block);
+    char *b = heap_malloc(block - canary() - 3 * KiB); /* as many pages */
+    CHECK(b == a && hak_owns(b) && malloc_usable_size(b) == usable_of(block - canary() - 3 * KiB));
     char *c = heap_malloc(40 * KiB); /* empty again: two from now on */
     char *d = heap_malloc(40 * KiB); /* three */
     free(b);
@@ -162,16 +170,19 @@ static void test_front_delay_after_collect(void)
 static void test_front_every_size(void)
 {
     int sizes = 0, reused = 0, held = 0;
+    /* Each list's sizes, less the hardened build's canary; there a block
+     * holds its request, which is all malloc_usable_size shows. */
+    size_t c8 = canary();
     for (size_t top = 1024 + 128; top <= 64 * KiB; top += 128, sizes++) {
-        free(heap_malloc(top)); /* a bin found empty keeps a block from now on */
-        char *a = heap_malloc(top);
+        free(heap_malloc(top - c8)); /* a bin found empty keeps a block from now on */
+        char *a = heap_malloc(top - c8);
         free(a);
-        char *b = heap_malloc(top - 127);
+        char *b = heap_malloc(top - 127 - c8);
         reused += b == a;
-        held += malloc_usable_size(b) >= top;
+        held += malloc_usable_size(b) >= (c8 ? top - 127 - c8 : top);
         free(b);
-        char *c = heap_malloc(top + 1);
-        held += malloc_usable_size(c) >= top + 1;
+        char *c = heap_malloc(top + 1 - c8);
+        held += malloc_usable_size(c) >= top + 1 - c8;
         free(c);
     }
     printf("front every size: %d of %d sizes took the block freed last\n", reused, sizes);
@@ -180,13 +191,18 @@ static void test_front_every_size(void)
     hak_collect(true); /* no purge left pending: test_trim's figures under MADV_FREE would count one */
 }
 
-/* The bytes of the block that a malloc of size gets. */
+/* The bytes of the run that a malloc of size gets: its usable size, or
+ * in the hardened build what it adds to the arenas' bytes (after a
+ * collect, so that it comes from an arena, not the thread's front). */
 static size_t class_bytes(size_t size)
 {
+    if (canary())
+        hak_collect(false);
+    size_t before = stats().arena_bytes;
     char *p = heap_malloc(size);
-    size_t usable = malloc_usable_size(p);
+    size_t bytes = canary() ? stats().arena_bytes - before : malloc_usable_size(p);
     free(p);
-    return usable;
+    return bytes;
 }
 
 /* Above 64 KiB up to 256 KiB, blocks are size classes: whole pages, at
@@ -198,18 +214,18 @@ static size_t class_bytes(size_t size)
 static void test_front_classes(void)
 {
     int classes = 0, reused = 0, denied = 0, held = 0;
-    size_t least = 64 * KiB + 1;
+    size_t least = 64 * KiB + 1, c8 = canary(); /* size: the bytes a request takes, its canary's too */
     for (size_t size = least; size <= 256 * KiB; size += KiB) {
-        size_t usable = class_bytes(size);
+        size_t usable = class_bytes(size - c8);
         held += usable >= size && usable - size <= size / 8 && usable % (4 * KiB) == 0 &&
                 usable % ((size <= 128 * KiB ? 8 : 16) * KiB) == 0;
         if (size + KiB <= usable)
             continue;
-        free(heap_malloc(usable)); /* the class's bin found empty keeps a block from now on */
-        char *a = heap_malloc(usable);
+        free(heap_malloc(usable - c8)); /* the class's bin found empty keeps a block from now on */
+        char *a = heap_malloc(usable - c8);
         free(a);
         denied += !hak_owns(a); /* waiting in the front, not the program's */
-        char *b = heap_malloc(least);
+        char *b = heap_malloc(least - c8);
         reused += b == a;
         free(b);
         least = usable + 1;
@@ -235,12 +251,13 @@ static size_t front_filled_bytes(void)
     hak_collect(false);
     size_t before = stats().arena_bytes;
     for (size_t size = 256 * KiB; size >= 20 * KiB; size -= 4 * KiB) {
-        if (class_bytes(size) != size)
+        size_t pages = size / (4 * KiB); /* a class's whole run (test_front_classes) */
+        if (pages > 16 && pages % (pages <= 32 ? 2 : 4))
             continue;
         char *block[512 / 20];
         size_t n = 512 * KiB / size;
         for (size_t i = 0; i < n; i++) /* each finds the bin empty: its limit grows */
-            block[i] = heap_malloc(size);
+            block[i] = heap_malloc(size - canary());
         for (size_t i = 0; i < n; i++)
             free(block[i]);
     }
@@ -327,11 +344,11 @@ static void test_pool(void)
 {
     bool ok = false;
     for (int try = 0; try < 3 && !ok; try++)
-        ok = pool_served(40 * KiB, 10);
+        ok = pool_served(40 * KiB - canary(), 10);
     CHECK(ok);
     ok = false;
     for (int try = 0; try < 3 && !ok; try++)
-        ok = pool_served(104 * KiB, 8); /* a class's bin */
+        ok = pool_served(104 * KiB - canary(), 8); /* a class's bin */
     CHECK(ok);
     pool_purged();
 }
@@ -404,15 +421,16 @@ static void test_front_corrupt_link(void)
  * above the thread's front, which would keep them.) */
 static void test_coalescing(void)
 {
-    char *a = heap_malloc(300 * KiB), *b = heap_malloc(300 * KiB), *c = heap_malloc(300 * KiB);
+    size_t c8 = canary();
+    char *a = heap_malloc(300 * KiB - c8), *b = heap_malloc(300 * KiB - c8), *c = heap_malloc(300 * KiB - c8);
     CHECK(b == a + 300 * KiB && c == b + 300 * KiB); /* consecutive pages of the wilderness */
     free(a);
     free(b);
-    char *ab = heap_malloc(600 * KiB);
+    char *ab = heap_malloc(600 * KiB - c8);
     CHECK(ab == a);
-    fill(ab, 600 * KiB, 3);
-    fill(c, 300 * KiB, 4);
-    CHECK(intact(ab, 600 * KiB, 3) && intact(c, 300 * KiB, 4));
+    fill(ab, 600 * KiB - c8, 3);
+    fill(c, 300 * KiB - c8, 4);
+    CHECK(intact(ab, 600 * KiB - c8, 3) && intact(c, 300 * KiB - c8, 4));
     free(ab);
     free(c);
 }
@@ -427,7 +445,7 @@ static void test_best_fit_far_bin(void)
     size_t size = MiB - 4096;
     char *run[N];
     for (int i = 0; i < N; i++) {
-        run[i] = heap_malloc(size);
+        run[i] = heap_malloc(size - canary());
         CHECK(run[i] == run[0] + (size_t)i * size);
     }
     char *guard = heap_malloc(100 * KiB); /* keeps the run off the wilderness */
@@ -546,20 +564,21 @@ static void test_collect_with_inline_purges(void)
 static void test_realloc_in_place(void)
 {
     hak_collect(true); /* no free run left by the tests before, purged or not */
-    char *p = heap_malloc(200 * KiB);
-    fill(p, 200 * KiB, 7);
-    char *q = realloc(p, 400 * KiB);
-    CHECK(q == p && intact(q, 200 * KiB, 7));
-    fill(q, 400 * KiB, 8);
+    size_t c8 = canary(); /* each size fills its run whole (pages_of) */
+    char *p = heap_malloc(200 * KiB - c8);
+    fill(p, 200 * KiB - c8, 7);
+    char *q = realloc(p, 400 * KiB - c8);
+    CHECK(q == p && intact(q, 200 * KiB - c8, 7));
+    fill(q, 400 * KiB - c8, 8);
     char *guard = heap_malloc(100 * KiB); /* right after it */
     CHECK(guard == p + 400 * KiB);
-    q = realloc(q, 100 * KiB); /* 104 KiB, its size class */
-    CHECK(q == p && intact(q, 100 * KiB, 8) && malloc_usable_size(q) == 104 * KiB);
-    char *tail = heap_malloc(296 * KiB); /* the tail given back: the best fit */
+    q = realloc(q, 100 * KiB - c8); /* 104 KiB, its size class */
+    CHECK(q == p && intact(q, 100 * KiB - c8, 8) && malloc_usable_size(q) == (c8 ? 100 * KiB - c8 : 104 * KiB));
+    char *tail = heap_malloc(296 * KiB - c8); /* the tail given back: the best fit */
     CHECK(tail == p + 104 * KiB);
     free(tail);
-    q = realloc(q, 350 * KiB); /* into the free run after it */
-    CHECK(q == p && intact(q, 100 * KiB, 8) && malloc_usable_size(q) == 352 * KiB);
+    q = realloc(q, 350 * KiB - c8); /* into the free run after it */
+    CHECK(q == p && intact(q, 100 * KiB - c8, 8) && malloc_usable_size(q) == (c8 ? 350 * KiB - c8 : 352 * KiB));
     char *large = realloc(q, 4 * MiB); /* above the threshold: moves to a mapping of its own */
     CHECK(large && intact(large, 100 * KiB, 8));
     free(large);

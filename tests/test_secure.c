@@ -1,6 +1,12 @@
 /* The hardened build (libhakmem-secure.so, preloaded): free-list links are
  * encoded, a link overwritten after free stops the program, new blocks come
- * in random order, and a write past a large block's last page faults. The
+ * in random order; every block's usable size is its request, and a write
+ * one byte past it or before its start is reported at its free (canaries
+ * and checked slack, in every tier), with HAKMEM_ON_ERROR=warn the block
+ * stays allocated; a write after free over a page arena block waiting in
+ * the thread's front stops the malloc that takes it; a large block has a
+ * guard page at each end and its pages are inaccessible while BigCache
+ * keeps it; never-used pages of SuperSlabs and page arenas fault. The
  * faulting cases run in child processes. */
 #define _GNU_SOURCE
 #include "check.h"
@@ -134,13 +140,35 @@ static void test_random_order(void)
         free(p[i]);
 }
 
+/* The first byte of the page after the one that holds p + size. */
+static char *next_page(char *p, size_t size)
+{
+    uintptr_t page = (uintptr_t)hakmem_page();
+    return (char *)(((uintptr_t)(p + size) + page - 1) & ~(page - 1));
+}
+
 static void write_past_large_block(void)
 {
     size_t size = 3 << 20;
     char *p = malloc(size);
-    size_t usable = malloc_usable_size(p);
-    p[usable - 1] = 1; /* the last usable byte is fine */
-    ((volatile char *)p)[usable] = 1; /* the guard page */
+    p[size - 1] = 1; /* the last usable byte is fine */
+    *(volatile char *)next_page(p, size) = 1; /* the guard page */
+}
+
+/* Below the block: its first page (its colour), the header page, the guard. */
+static void write_before_large_block(void)
+{
+    uintptr_t page = (uintptr_t)hakmem_page();
+    char *p = malloc(3 << 20), *first_page = (char *)((uintptr_t)p & ~(page - 1));
+    *(volatile char *)(first_page - page - 1) = 1;
+}
+
+static void read_after_large_free(void)
+{
+    char *p = malloc(3 << 20);
+    memset(p, 1, 3 << 20);
+    free(p); /* BigCache keeps it, inaccessible */
+    fprintf(stderr, "read %d\n", *(volatile char *)p);
 }
 
 static void test_large_guard_page(void)
@@ -148,6 +176,10 @@ static void test_large_guard_page(void)
     char message[512];
     int status = in_child(write_past_large_block, message, sizeof message);
     CHECK(WIFSIGNALED(status) && WTERMSIG(status) == SIGSEGV);
+    status = in_child(write_before_large_block, message, sizeof message);
+    CHECK(WIFSIGNALED(status) && WTERMSIG(status) == SIGSEGV);
+    status = in_child(read_after_large_free, message, sizeof message);
+    CHECK(WIFSIGNALED(status) && WTERMSIG(status) == SIGSEGV && !strstr(message, "read"));
     /* realloc moves the guard with the block */
     char *p = malloc(3 << 20);
     p = realloc(p, 9 << 20);
@@ -158,8 +190,148 @@ static void test_large_guard_page(void)
     free(p);
 }
 
-int main(void)
+/* ---- canaries and checked slack ------------------------------------------------ */
+
+/* A block the compiler must take as used (it drops free(malloc(n))). */
+static char *kept(char *p)
 {
+    __asm__ volatile("" : : "r"(p) : "memory");
+    return p;
+}
+
+/* A size of each tier, a request that leaves slack in its block. */
+static const size_t tier_sizes[] = {40, 3000, 100000, 3000000};
+enum { TIERS = sizeof tier_sizes / sizeof tier_sizes[0] };
+static size_t misuse_size;
+static int misuse_before;
+
+/* Three blocks of misuse_size; one byte past the middle one's request,
+ * or before its start (the end of the block before it: reported at
+ * either's free, as a write past the one's end or before the other's
+ * start), then the frees. */
+static void write_out_of_block(void)
+{
+    hak_collect(true); /* the page arena's blocks below the wilderness: a, b and c in a row */
+    char *a = kept(heap_malloc(misuse_size)), *b = kept(heap_malloc(misuse_size)), *c = kept(heap_malloc(misuse_size));
+    if (misuse_before)
+        ((volatile char *)b)[-1] = 'x';
+    else
+        ((volatile char *)b)[misuse_size] = 'x';
+    free(b);
+    free(a);
+    free(c);
+}
+
+static void test_canaries(void)
+{
+    for (size_t t = 0; t < TIERS; t++) {
+        size_t size = tier_sizes[t];
+        char *p = heap_malloc(size);
+        CHECK(malloc_usable_size(p) >= size && malloc_usable_size(p) <= size + 15); /* the request, or a tiny class's */
+        memset(p, 1, malloc_usable_size(p)); /* every usable byte may be written */
+        free(p);
+        for (misuse_before = 0; misuse_before < 2; misuse_before++) {
+            misuse_size = size;
+            char message[512];
+            int status = in_child(write_out_of_block, message, sizeof message);
+            bool named = strstr(message, "a write past the end of this block") ||
+                         (misuse_before && strstr(message, "a write before the start of this block"));
+            CHECK(WIFSIGNALED(status) && WTERMSIG(status) == SIGABRT && named);
+            if (!named)
+                fprintf(stderr, "test_secure: %zu bytes, a write %s: %s\n", size, misuse_before ? "before" : "past",
+                        message);
+        }
+    }
+}
+
+/* With HAKMEM_ON_ERROR=warn: one report, the block stays allocated (no
+ * later malloc gets it), its neighbours free without a report. */
+static void overflow_warned(void)
+{
+    setenv("HAKMEM_ON_ERROR", "warn", 1);
+    exec_self((char *[]){"test_secure", "overflow-warned", NULL});
+}
+
+static int overflow_warned_run(void)
+{
+    enum { N = 200 };
+    for (size_t t = 0; t < TIERS; t++) {
+        size_t size = tier_sizes[t];
+        char *a = kept(heap_malloc(size)), *b = kept(heap_malloc(size)), *c = kept(heap_malloc(size));
+        ((volatile char *)b)[size] = 'x';
+        free(b);
+        free(a);
+        free(c);
+        int reused = 0;
+        for (int i = 0; i < N; i++) {
+            char *q = kept(heap_malloc(size));
+            reused += q == b;
+            free(q);
+        }
+        if (reused)
+            return 1;
+    }
+    return 0;
+}
+
+static void test_overflow_warned(void)
+{
+    char message[2048];
+    int status = in_child(overflow_warned, message, sizeof message);
+    int reports = 0;
+    for (const char *m = message; (m = strstr(m, "hakmem: free(")) != NULL; m++)
+        reports++;
+    CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    CHECK(reports == TIERS && strstr(message, "ignored (HAKMEM_ON_ERROR=warn)"));
+    if (reports != TIERS)
+        fprintf(stderr, "%s", message);
+}
+
+/* A write after free over a page arena block in the thread's front
+ * (past the program's first purge delay, in which a free into a front
+ * starts no purger thread: test_arena's test_front). */
+static void write_after_front_free(void)
+{
+    usleep(150 * 1000);
+    hak_collect(false);
+    free(kept(heap_malloc(100000))); /* the bin found empty once: it keeps one block now */
+    char *a = kept(heap_malloc(100000));
+    free(a);
+    memset(*(char *volatile *)&a, 0, 64);
+    kept(heap_malloc(100000)); /* takes a */
+}
+
+static void test_front_write_after_free(void)
+{
+    char message[512];
+    int status = in_child(write_after_front_free, message, sizeof message);
+    CHECK(WIFSIGNALED(status) && WTERMSIG(status) == SIGABRT);
+    CHECK(strstr(message, "hakmem: malloc: free list corrupted") != NULL);
+}
+
+/* A stray write 1 MiB past a young program's first blocks lands in pages
+ * no block ever used: closed, it faults (a SuperSlab's, a page arena's). */
+static void write_far_past(void)
+{
+    char *p = heap_malloc(misuse_size);
+    *(volatile char *)(p + (1 << 20)) = 1;
+}
+
+static void test_closed_pages(void)
+{
+    size_t sizes[] = {64, 100000};
+    for (int i = 0; i < 2; i++) {
+        misuse_size = sizes[i];
+        char message[512];
+        int status = in_child(write_far_past, message, sizeof message);
+        CHECK(WIFSIGNALED(status) && WTERMSIG(status) == SIGSEGV);
+    }
+}
+
+int main(int argc, char **argv)
+{
+    if (argc == 2 && !strcmp(argv[1], "overflow-warned"))
+        return overflow_warned_run();
     hak_stats_t s;
     hak_stats_get(&s);
     CHECK(s.hardened);
@@ -172,5 +344,9 @@ int main(void)
     test_corrupt_cached_link_stops();
     test_random_order();
     test_large_guard_page();
+    test_canaries();
+    test_overflow_warned();
+    test_front_write_after_free();
+    test_closed_pages();
     return check_summary("test_secure");
 }

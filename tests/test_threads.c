@@ -512,7 +512,8 @@ static void test_orphan_drained_asleep(void)
  * purger collects it once the delay has passed, while the program sleeps.
  * A thread that adopts an exited one's heap makes the exits that follow
  * within the delay such exits. */
-enum { LEFT_BLOCKS = 1000, LEFT_SIZE = 48, LEFT_CLASS = 2, LEFT_MID_BLOCKS = 256, LEFT_MID_SIZE = 8192 };
+enum { LEFT_BLOCKS = 1000, LEFT_SIZE = 48, LEFT_MID_BLOCKS = 256, LEFT_MID_SIZE = 8192 };
+#define LEFT_CLASS hak_tiny_size_class(LEFT_SIZE)
 
 static double left_exit_ms, left_adopter_start_ms; /* now_ms() as the first thread ends, as the second starts */
 /* The class's bytes that the C library holds for good before the test
@@ -746,7 +747,16 @@ static void wait_for(_Atomic int *flag, int value)
         usleep(1000);
 }
 
-enum { PARK_SIZE = 4096, PARK_STASHED = 16 /* HEAP_STASH_BYTES */, PARK_CUR = 4 };
+enum { PARK_CLASS = 4096, PARK_STASHED = 16 /* HEAP_STASH_BYTES */, PARK_CUR = 4 };
+
+/* The request that takes the 4 KiB class: the hardened build's blocks end
+ * with a canary of 8 bytes. */
+static size_t park_size(void)
+{
+    hak_stats_t st;
+    hak_stats_get(&st);
+    return PARK_CLASS - (st.hardened ? 8 : 0);
+}
 static _Atomic int park_step;
 
 /* The stash full of the first slab's blocks, the current slab's last
@@ -759,17 +769,17 @@ static char *park_and_stash(char *stashed[PARK_STASHED])
     char *cur[PARK_CUR];
     hak_collect(true); /* the adopted heap's slabs given back */
     for (int i = 0; i < PARK_STASHED; i++)
-        stashed[i] = heap_malloc(PARK_SIZE); /* a slab's worth */
+        stashed[i] = heap_malloc(park_size()); /* a slab's worth */
     for (int i = 0; i < PARK_CUR; i++)
-        cur[i] = heap_malloc(PARK_SIZE); /* the next slab, current */
+        cur[i] = heap_malloc(park_size()); /* the next slab, current */
     for (int i = 0; i < PARK_STASHED; i++)
         free(stashed[i]);  /* the stash is full */
     for (int i = PARK_CUR; i-- > 0;)
         free(cur[i]);      /* to the slab's list, the last one parked */
     for (int i = 0; i < PARK_STASHED; i++)
-        stashed[i] = heap_malloc(PARK_SIZE); /* the stash first */
-    char *parked = heap_malloc(PARK_SIZE);
-    memset(parked, 7, PARK_SIZE);
+        stashed[i] = heap_malloc(park_size()); /* the stash first */
+    char *parked = heap_malloc(park_size());
+    memset(parked, 7, park_size());
     free(parked);          /* to the stash now */
     if (parked == cur[0])
         return parked;
@@ -794,7 +804,7 @@ static void *park_then_stash(void *arg)
     for (int i = 0; i < PARK_STASHED; i++)
         free(stashed[i]);
     hak_collect(true);     /* the kept bytes are 0 again (checked in the debug build) */
-    char *again = heap_malloc(PARK_SIZE);
+    char *again = heap_malloc(park_size());
     bool ok = again != NULL && hak_owns(again);
     free(again);
     return (void *)(uintptr_t)ok;
