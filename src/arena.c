@@ -341,7 +341,8 @@ static arena_t *arena_new(lane_t *l)
     a->end = ARENA_PAGES;
     a->reserved = reserved;
     a->open_end = commit;
-    uint32_t first_open = (ARENA_FIRST_PAGE + ARENA_OPEN_PAGES - 1) / ARENA_OPEN_PAGES * ARENA_OPEN_PAGES; /* kernel pages up to 64 KiB */
+    /* closed from a boundary of kernel pages up to 64 KiB */
+    uint32_t first_open = (ARENA_FIRST_PAGE + ARENA_OPEN_PAGES - 1) / ARENA_OPEN_PAGES * ARENA_OPEN_PAGES;
     if (HAK_SECURE && os_protect(page_address(a, first_open), (size_t)(commit - first_open) << ARENA_PAGE_SHIFT, false))
         a->open_end = first_open;
     segmap_set_all(a, reserved ? ARENA_SIZE : bytes, SEG_ARENA);
@@ -481,8 +482,9 @@ static void wilderness_trim_unlock(lane_t *l, arena_t *a)
 
 /* The hardened build ends every block with a canary of BLOCK_CANARY bytes,
  * never part of its usable size, as the slab blocks' (block.h): a secret
- * xor its address, with the slack between the request's end and it in
- * its top bits, the slack's first bytes filled (block.h, slack_fill). The canary is written with no slack
+ * keyed with its address, with the slack between the request's end and it
+ * in its upper half, the slack's first bytes filled (slack_fill). The
+ * canary is written with no slack
  * under the lane lock whenever the run is handed out or resized, and the
  * holder then records the request (arena_block_sized): a free that
  * checks, under the lane lock, the canary just before its block (a used
@@ -742,7 +744,7 @@ static void arena_dirtied(uint32_t pages)
  * measured at 373bbb5). */
 void *arena_alloc(size_t size, size_t align, unsigned lane_index, bool zero)
 {
-    uint32_t pages = size || HAK_SECURE ? arena_class_pages(arena_pages_for(size)) : 1;
+    uint32_t pages = size ? arena_class_pages(arena_pages_for(size)) : 1;
     uint32_t align_pages = align > ARENA_PAGE ? (uint32_t)(align >> ARENA_PAGE_SHIFT) : 1;
     uint32_t want = pages + align_pages - 1;
     lane_t *l = &lanes[lane_index];

@@ -182,7 +182,7 @@ static void *slab_carve(slab_t *s, void **tail)
     if (!left)
         return NULL;
     char *first = s->start + (size_t)s->carved * s->block_size;
-    if (HAK_SECURE && !s->carved && ((uintptr_t)s->start & SLAB_LEAD_MASK)) /* the canary before the first block (slab_lead) */
+    if (HAK_SECURE && !s->carved && ((uintptr_t)s->start & SLAB_LEAD_MASK)) /* the lead's canary (slab_lead) */
         block_canaries_set(s->start - s->block_size, 1, s->block_size);
     size_t to_page_end = CARVE_BYTES - ((uintptr_t)first & (CARVE_BYTES - 1));
     uint32_t n = (uint32_t)((to_page_end + s->block_size - 1) / s->block_size);

@@ -351,7 +351,8 @@ void sample_free(void *p, const char *op)
     const char *fault = NULL;
     pthread_mutex_lock(&sample_lock);
     sample_record_t *s = slot_checked(p, &fault);
-    if (HAK_SECURE && s && !slack_intact((const char *)p + s->size, slot_slack(s->size))) { /* in warn mode the block stays allocated */
+    /* in warn mode the block stays allocated */
+    if (HAK_SECURE && s && !slack_intact((const char *)p + s->size, slot_slack(s->size))) {
         fault = "a write past the end of this block overwrote its slack";
         slack_fill((char *)p + s->size, slot_slack(s->size));
         s = NULL;

@@ -319,7 +319,8 @@ slab_t *superslab_slab_acquire(heap_t *heap, unsigned c)
     unsigned page = place_run(ss->free_pages, ss->dirty_pages, span);
     hak_assert(page != 0); /* the bin promised a run that long */
     uint32_t mask = run_mask(page, span);
-    if ((mask & ~ss->open_pages) && !os_protect((char *)ss + (size_t)page * SLAB_PAGE_SIZE, (size_t)span * SLAB_PAGE_SIZE, true)) {
+    char *run = (char *)ss + (size_t)page * SLAB_PAGE_SIZE;
+    if (HAK_SECURE && (mask & ~ss->open_pages) && !os_protect(run, (size_t)span * SLAB_PAGE_SIZE, true)) {
         pages_unlock(ss); /* refused at the limit of mappings */
         errno = ENOMEM;
         return NULL;
@@ -333,7 +334,7 @@ slab_t *superslab_slab_acquire(heap_t *heap, unsigned c)
     for (unsigned i = 0; i < span; i++)
         ss->page_slab[page + i] = s;
     s->span = (uint8_t)span;
-    s->start = (char *)ss + (size_t)page * SLAB_PAGE_SIZE;
+    s->start = run;
     slab_format(s, heap, c);
     return s;
 }
