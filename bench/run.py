@@ -74,6 +74,16 @@ def workloads(full, thread_counts):
                       ["mops", "rss_mib", "rss_peak_mib"]))
     w.append(("realloc", "string-builder", "realloc", ["strings", str(2_000_000 * k)], ["mops"]))
     w.append(("realloc", "realloc cycle", "realloc", ["cycle", str(200_000 * k)], ["mops"]))
+    # a store filled, 70% deleted at random, refilled with larger values;
+    # the server idles a second after each phase
+    frag = ["rss_per_live_filled", "rss_per_live_deleted", "rss_per_live_refilled", "rss_mib_deleted",
+            "rss_mib_refilled"]
+    w.append(("frag", "kv store", "frag", [str(200_000 * k), "1000"], frag + ["kops"]))
+    if shutil.which("redis-server"):
+        w.append(("frag", "redis-server", "redis_frag.py", [str(200_000 * k), "1000"], frag))
+    else:
+        print("note: redis-server missing (apt-get install redis-server); no redis fragmentation figures",
+              file=sys.stderr)
     return w
 
 
@@ -139,7 +149,11 @@ def allocators(build, libdir):
 
 def run_program(program, args, env):
     full_env = dict(os.environ, **env)
-    out = subprocess.run([program] + args, env=full_env, capture_output=True, text=True, timeout=600)
+    command = [program] + args
+    if program.endswith(".py"):  # a driver of a real server: the server runs on the allocator, not the driver
+        command = [sys.executable, os.path.join(ROOT, "bench", os.path.basename(program)[len("bench_"):])] + args
+        full_env["HAKMEM_BENCH_PRELOAD"] = full_env.pop("LD_PRELOAD", "")
+    out = subprocess.run(command, env=full_env, capture_output=True, text=True, timeout=600)
     if out.returncode != 0:
         raise RuntimeError(f"{os.path.basename(program)} {' '.join(args)} failed "
                            f"({out.returncode}): {out.stderr.strip()[:300]}")
@@ -374,7 +388,8 @@ def write_outputs(opts, allocs, rows, points, page_costs):
 
 
 # Each workload's main figure, the one the short summary and the charts show.
-PRIMARY = ("mops", "kops", "median_ns", "rss_delta_mib", "instr_per_iter")
+PRIMARY = ("mops", "kops", "median_ns", "rss_delta_mib", "instr_per_iter", "rss_per_live_deleted",
+           "rss_per_live_refilled")
 
 
 def hakmem_vs_best(vals, metric):
