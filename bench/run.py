@@ -466,11 +466,20 @@ def charts(out_dir, names, table):
             ax.bar([x + i * width for x in range(len(keys))], ys, width, label=a)
         ax.axhline(1.0, color="black", linewidth=0.8)
         ax.set_xticks([x + 0.4 - width / 2 for x in range(len(keys))])
-        ax.set_xticklabels([n for n, m in keys], rotation=30, ha="right", fontsize=9)
+        # a workload with several main figures (frag) names each bar's
+        metric_count = {n: sum(1 for k, _ in keys if k == n) for n, _ in keys}
+        ax.set_xticklabels([n if metric_count[n] == 1 else f"{n}: {m}" for n, m in keys],
+                           rotation=30, ha="right", fontsize=9)
         ax.set_ylabel("against hakmem (above 1: better than hakmem)")
         ax.set_title(f"{g}: " + ", ".join(sorted({m for n, m in keys})))
         ax.set_yscale("log", base=2)
-        ax.yaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
+        # ticks a power of two apart, half of one where the range is narrow
+        # (there the axis had a single "1" and no bar could be read)
+        low, high = ax.get_ylim()
+        step = 0.5 if high / low <= 16 else 1
+        ticks = [2 ** (k * step) for k in range(int(-16 / step), int(16 / step) + 1) if low <= 2 ** (k * step) <= high]
+        ax.set_yticks(ticks)
+        ax.yaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%.2g"))
         ax.yaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
         ax.legend(fontsize=8, ncol=2)
         fig.tight_layout()
