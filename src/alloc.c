@@ -75,7 +75,7 @@ static inline void *hak_alloc_mid(unsigned c, size_t size, uintptr_t site)
         }
         b = heap->cache[c];
         if (likely(b != NULL && heap->sample_left > (long)size)) {
-            heap->cache[c] = cache_next(heap, b);
+            heap->cache[c] = cache_next(heap, c, b);
             block_handed_out(b);
             heap->sample_left -= (long)size;
             heap_mid_leave(heap);
