@@ -466,7 +466,7 @@ def charts(out_dir, names, table):
             ax.bar([x + i * width for x in range(len(keys))], ys, width, label=a)
         ax.axhline(1.0, color="black", linewidth=0.8)
         ax.set_xticks([x + 0.4 - width / 2 for x in range(len(keys))])
-        # a workload with several main figures (frag) names each bar's
+        # a workload with several main figures (frag) names each bar's metric
         metric_count = {n: sum(1 for k, _ in keys if k == n) for n, _ in keys}
         ax.set_xticklabels([n if metric_count[n] == 1 else f"{n}: {m}" for n, m in keys],
                            rotation=30, ha="right", fontsize=9)
