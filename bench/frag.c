@@ -94,9 +94,10 @@ int main(int argc, char **argv)
     if (argc < 2 || argc > 3 || atol(argv[1]) <= 0)
         return fprintf(stderr, "usage: frag KEYS [SETTLE_MS]\n"), 2;
     long keys = atol(argv[1]), settle_ms = argc > 2 ? atol(argv[2]) : 1000;
-    /* The table is the program's, not the store's: mapped by calloc before
-     * the baseline and never resized (a rehash would free and take a block
-     * as large as the table in the middle of the phases). */
+    /* The table is the program's, not the store's: taken and written
+     * before the baseline (calloc's fresh pages would fault in during the
+     * fill otherwise), and never resized (a rehash would free and take a
+     * block as large as the table in the middle of the phases). */
     bucket_count = (size_t)keys;
     buckets = calloc(bucket_count, sizeof *buckets);
     memset(buckets, 0, bucket_count * sizeof *buckets);

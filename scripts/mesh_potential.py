@@ -27,7 +27,6 @@ def class_size(n):
 
 def simulate(keys, shuffle, rng):
     blocks = {}  # class size -> keys, in allocation order
-    requested = 0
     values = []
     for k in range(keys):
         value = 100 + rng.randrange(901)

@@ -79,13 +79,18 @@ static void overwrite_link(void)
     }
 }
 
-static void test_corrupt_link_stops(void)
+/* fn, run in a child, stops it with hakmem's report of a corrupt list. */
+static void check_list_corruption_reported(void (*fn)(void))
 {
     char message[512];
-    int status = in_child(overwrite_link, message, sizeof message);
+    int status = in_child(fn, message, sizeof message);
     CHECK(WIFSIGNALED(status) && WTERMSIG(status) == SIGABRT);
     CHECK(strstr(message, "hakmem: malloc: free list corrupted") != NULL);
+    if (!WIFSIGNALED(status))
+        fprintf(stderr, "%s", message);
 }
+
+static void test_corrupt_link_stops(void) { check_list_corruption_reported(overwrite_link); }
 
 /* A corrupt link met by malloc's fast path (a block already in the
  * thread's cache) stops the program at the next allocation of the class:
@@ -114,15 +119,7 @@ static void overwrite_cached_link(void)
     fprintf(stderr, "no freed block came back\n");
 }
 
-static void test_corrupt_cached_link_stops(void)
-{
-    char message[512];
-    int status = in_child(overwrite_cached_link, message, sizeof message);
-    CHECK(WIFSIGNALED(status) && WTERMSIG(status) == SIGABRT);
-    CHECK(strstr(message, "hakmem: malloc: free list corrupted") != NULL);
-    if (!WIFSIGNALED(status))
-        fprintf(stderr, "%s", message);
-}
+static void test_corrupt_cached_link_stops(void) { check_list_corruption_reported(overwrite_cached_link); }
 
 /* New blocks of a fresh slab are not handed out in address order. */
 static void test_random_order(void)
@@ -301,13 +298,7 @@ static void write_after_front_free(void)
     kept(heap_malloc(100000)); /* takes a */
 }
 
-static void test_front_write_after_free(void)
-{
-    char message[512];
-    int status = in_child(write_after_front_free, message, sizeof message);
-    CHECK(WIFSIGNALED(status) && WTERMSIG(status) == SIGABRT);
-    CHECK(strstr(message, "hakmem: malloc: free list corrupted") != NULL);
-}
+static void test_front_write_after_free(void) { check_list_corruption_reported(write_after_front_free); }
 
 /* A stray write 1 MiB past a young program's first blocks lands in pages
  * no block ever used: closed, it faults (a SuperSlab's, a page arena's). */
