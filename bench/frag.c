@@ -12,9 +12,15 @@
  * After the deletion every page of values keeps a few live ones, so no
  * allocator that never moves a block can give pages back, and values of
  * the refill's other sizes cannot use the holes: the ratios measure what
- * compaction (meshing) could return. Usage: frag KEYS [SETTLE_MS] */
+ * compaction (meshing) could return. The proportional set (Pss) is read
+ * too: a page mapped at two addresses (meshing's) counts once there and
+ * twice in RSS. With "trim" the program calls malloc_trim(0) before each
+ * reading, as a server may when its data shrank (hakmem meshes there,
+ * HAKMEM_MESH=on). Usage: frag KEYS [SETTLE_MS [trim]] */
 #include "common.h"
 
+#include <malloc.h>
+#include <stdbool.h>
 #include <unistd.h>
 
 struct entry {
@@ -75,25 +81,37 @@ static void erase(struct entry **link)
     give(e, sizeof *e);
 }
 
-static void settle_and_report(const char *phase, long settle_ms, size_t baseline)
+static bool trim;
+
+static void settle_and_report(const char *phase, long settle_ms, size_t baseline, size_t pss_baseline)
 {
-    usleep((useconds_t)settle_ms * 1000);
-    size_t rss = rss_bytes();
-    rss = rss > baseline ? rss - baseline : 0;
     char metric[64];
+    if (trim) {
+        double start = now_ns();
+        malloc_trim(0);
+        snprintf(metric, sizeof metric, "trim_ms_%s", phase);
+        report(metric, (now_ns() - start) / 1e6);
+    }
+    usleep((useconds_t)settle_ms * 1000);
+    size_t rss = rss_bytes(), pss = pss_bytes();
+    rss = rss > baseline ? rss - baseline : 0;
+    pss = pss > pss_baseline ? pss - pss_baseline : 0;
     snprintf(metric, sizeof metric, "live_mib_%s", phase);
     report(metric, live / 1048576.0);
     snprintf(metric, sizeof metric, "rss_mib_%s", phase);
     report(metric, (double)rss / 1048576.0);
     snprintf(metric, sizeof metric, "rss_per_live_%s", phase);
     report(metric, (double)rss / live);
+    snprintf(metric, sizeof metric, "pss_per_live_%s", phase);
+    report(metric, (double)pss / live);
 }
 
 int main(int argc, char **argv)
 {
-    if (argc < 2 || argc > 3 || atol(argv[1]) <= 0)
-        return fprintf(stderr, "usage: frag KEYS [SETTLE_MS]\n"), 2;
+    if (argc < 2 || argc > 4 || atol(argv[1]) <= 0 || (argc > 3 && strcmp(argv[3], "trim") != 0))
+        return fprintf(stderr, "usage: frag KEYS [SETTLE_MS [trim]]\n"), 2;
     long keys = atol(argv[1]), settle_ms = argc > 2 ? atol(argv[2]) : 1000;
+    trim = argc > 3;
     /* The table is the program's, not the store's: taken and written
      * before the baseline (calloc's fresh pages would fault in during the
      * fill otherwise), and never resized (a rehash would free and take a
@@ -102,7 +120,8 @@ int main(int argc, char **argv)
     buckets = calloc(bucket_count, sizeof *buckets);
     memset(buckets, 0, bucket_count * sizeof *buckets);
     rss_bytes(); /* faults in the reading's own code and stack */
-    size_t baseline = rss_bytes();
+    pss_bytes();
+    size_t baseline = rss_bytes(), pss_baseline = pss_bytes();
     uint64_t seed = 0x9e3779b97f4a7c15ull;
     double start = now_ns(), busy = 0;
     long id = 0;
@@ -111,7 +130,7 @@ int main(int argc, char **argv)
         insert(id, 100 + rng_next(&seed) % 901, &seed);
     double filled = live;
     busy += now_ns() - start;
-    settle_and_report("filled", settle_ms, baseline);
+    settle_and_report("filled", settle_ms, baseline, pss_baseline);
 
     start = now_ns();
     long operations = keys;
@@ -125,13 +144,13 @@ int main(int argc, char **argv)
             }
         }
     busy += now_ns() - start;
-    settle_and_report("deleted", settle_ms, baseline);
+    settle_and_report("deleted", settle_ms, baseline, pss_baseline);
 
     start = now_ns();
     for (; live < filled; id++, operations++)
         insert(id, 1024 + rng_next(&seed) % 3073, &seed);
     busy += now_ns() - start;
-    settle_and_report("refilled", settle_ms, baseline);
+    settle_and_report("refilled", settle_ms, baseline, pss_baseline);
     report("kops", (double)operations / busy * 1e6);
 
     for (size_t b = 0; b < bucket_count; b++)

@@ -103,6 +103,9 @@ typedef struct hak_stats {
     size_t large_blocks;       /* large blocks handed out and not yet freed */
     size_t large_bytes;        /* their mappings' bytes (BigCache's not counted) */
     size_t arena_pooled_bytes; /* of arena_bytes, freed blocks waiting in the lanes' pools for reuse */
+    size_t mesh_pages;         /* HAKMEM_MESH: 4 KiB pages given back now by meshing (two slabs' pages on one) */
+    uint64_t mesh_pages_ever;  /* pages meshed since the start */
+    bool meshing;              /* HAKMEM_MESH=on and the system allows it (else the report says why not) */
 } hak_stats_t;
 
 /* Fill *out with a snapshot (figures of other threads may be a moment old).

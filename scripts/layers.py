@@ -31,7 +31,7 @@ LAYERS = [
     ("diagnostics", ["error", "fault"]),
     ("tables and options", ["options", "sizeclass", "segmap", "hooks"]),
     ("the purger", ["purger"]),
-    ("tiers", ["superslab", "arena"]),
+    ("tiers", ["superslab", "mesh", "arena"]),
     ("threads' heaps", ["heap", "front"]),
     ("large blocks", ["large", "bigcache"]),
     ("profiler and tuner", ["sample", "stack", "unwind", "site", "kpi", "learn"]),
@@ -43,7 +43,7 @@ LAYERS = [
 # The headers' layers: each declares what the files of its layer offer.
 HEADERS = {
     "base.h": 0, "config.h": 0, "os.h": 1, "error.h": 2, "layout.h": 3, "block.h": 3, "hooks.h": 3,
-    "purger.h": 4, "superslab.h": 5, "arena.h": 5, "heap.h": 6, "large.h": 7, "profile.h": 8,
+    "purger.h": 4, "superslab.h": 5, "mesh.h": 5, "arena.h": 5, "heap.h": 6, "large.h": 7, "profile.h": 8,
     "alloc.h": 9, "report.h": 10, "init.h": 11,
 }
 

@@ -3,6 +3,7 @@
  * allocation, usable size and realloc. */
 #include "alloc.h"
 #include "init.h"
+#include "mesh.h"
 
 #include <errno.h>
 #include <stdint.h>
@@ -342,7 +343,8 @@ void hak_free_irregular(slab_t *s, void *p, const char *op)
     void *block = slab_block_checked(s, p, op);
     if (!block)
         return;
-    if (block_is_free(block)) {
+    if (block_is_free(block) || (unlikely(atomic_load_explicit(&s->owner, memory_order_relaxed) & SLAB_MESHED) &&
+                                 mesh_slot_reserved(s, block))) { /* the slot is a meshed partner's */
         hak_report_bad_pointer(op, p, "double free");
         return;
     }
@@ -380,6 +382,10 @@ void hak_free_irregular(slab_t *s, void *p, const char *op)
     HAK_COUNT(heap, free_local_slow);
     if (unlikely(s->used == 0)) {
         hak_report_bad_pointer(op, p, "double free");
+        return;
+    }
+    if (owner & SLAB_MESHED) {
+        heap_free_meshed(s, block);
         return;
     }
     slab_free_owned(s, block);

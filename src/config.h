@@ -12,6 +12,7 @@ enum purge_advice { PURGE_DONTNEED, PURGE_FREE };
 enum hugepages { HUGEPAGES_NEVER, HUGEPAGES_PREWARMED, HUGEPAGES_ALWAYS };
 enum stats_format { STATS_OFF, STATS_TEXT, STATS_JSON, STATS_PPROF, STATS_FOLDED };
 enum tune_mode { MODE_BASELINE, MODE_EVOLVING };
+enum mesh_mode { MESH_OFF, MESH_ON };
 
 /* The options read at setup and exit only come first, so that the ones
  * the allocation paths read start the second line: with the struct
@@ -36,6 +37,7 @@ typedef struct hak_config {
     bool purge_thread;
     bool verbose;
     bool fault_message;
+    int mesh;                 /* enum mesh_mode */
     size_t memory_limit;      /* bytes, 0: the cgroup's */
     _Alignas(64) size_t large_threshold;
     int mode;                 /* enum tune_mode */

@@ -4,6 +4,7 @@
 #include "heap.h"
 #include "hooks.h"
 #include "init.h"
+#include "mesh.h"
 #include "purger.h"
 #include "superslab.h"
 
@@ -365,6 +366,7 @@ static void heap_unlink_slab(heap_t *heap, slab_t *s)
 static void heap_release_slab(heap_t *heap, slab_t *s)
 {
     hak_assert(!s->parked);
+    mesh_dissolve(s); /* a spare's pages may take another class */
     heap_unlink_slab(heap, s);
     size_t touched = slab_touched_bytes(s);
     if (s->span == 1 && heap->kept_empty_bytes + touched <= HEAP_KEPT_EMPTY_BYTES) {
@@ -435,6 +437,24 @@ static HAK_NOINLINE void heap_keep_or_release_last(heap_t *heap, slab_t *s, void
             heap->kept_empty_bytes += touched;
         else
             heap_release_slab(heap, s);
+    }
+    heap_leave_lists(heap);
+}
+
+/* The owner frees a block of s, meshed (mesh.c): once s holds no live
+ * block of its own (its used count is its partners' slots), it dissolves
+ * and goes back to its SuperSlab, never kept: its pages were purged. */
+void heap_free_meshed(slab_t *s, void *block)
+{
+    heap_t *heap = heap_get();
+    heap_enter_lists(heap);
+    block_link(block, s->free);
+    s->free = block;
+    s->used--;
+    if (s->used == mesh_reserved(s)) {
+        mesh_dissolve(s);
+        heap_unlink_slab(heap, s);
+        superslab_slab_release(heap, s);
     }
     heap_leave_lists(heap);
 }
@@ -872,6 +892,32 @@ static void heap_mid_caches_emptied(heap_t *heap)
     atomic_store_explicit(&heap->mid_cached, false, memory_order_relaxed);
 }
 
+/* Meshing (mesh.c) over each tiny class's slabs, all on the owned lists
+ * after a collect: a meshed slab left with no live block of its own goes
+ * back first. */
+static void heap_mesh(heap_t *heap)
+{
+    slab_t *batch[MESH_PASS_SLABS];
+    for (unsigned c = 0; c < TINY_CLASSES; c++) {
+        size_t n = 0;
+        slab_t *first = heap->owned[c];
+        for (slab_t *s = first; s && n < MESH_PASS_SLABS; s = s->next == first ? NULL : s->next)
+            batch[n++] = s;
+        size_t kept = 0;
+        for (size_t i = 0; i < n; i++) {
+            slab_t *s = batch[i];
+            if (s->mesh && s->used == mesh_reserved(s) && !atomic_load_explicit(&s->remote, memory_order_acquire)) {
+                mesh_dissolve(s);
+                heap_unlink_slab(heap, s);
+                superslab_slab_release(heap, s);
+            } else {
+                batch[kept++] = s;
+            }
+        }
+        mesh_slabs(batch, kept);
+    }
+}
+
 /* Everything the heap holds and does not use goes back: cached blocks to
  * their slabs or arenas, empty slabs to their SuperSlabs, empty
  * SuperSlabs to the pool (unmapped beyond the reserve now with unmap_now,
@@ -891,6 +937,8 @@ void heap_collect(heap_t *heap, bool unmap_now)
                 slab_purge_free_blocks(s);
     }
     heap_mid_caches_emptied(heap);
+    if (mesh_enabled())
+        heap_mesh(heap);
     heap_release_spares(heap, heap);
     hak_assert(heap->kept_empty_bytes == 0); /* no slab is kept: the accounts agree */
     superslab_give_back_empty(heap, unmap_now);

@@ -3,6 +3,7 @@
  * runs after it (thread-exit key, fork handlers) may call malloc freely. */
 #include "alloc.h"
 #include "init.h"
+#include "mesh.h"
 #include "superslab.h"
 
 #include <pthread.h>
@@ -64,11 +65,15 @@ void hak_init_slow(void)
         purger_init(purge_clients, sizeof purge_clients / sizeof purge_clients[0], heap_caller_busy, report_dump_job);
         os_membarrier_init();
         arena_init();
+        mesh_init();
         heaps_key_init(bigcache_thread_exit);
         atomic_store_explicit(&hak_init_state, 2, memory_order_release);
         /* Prepare handlers run last registered first: the lanes are locked
          * after heaps_lock, the order of the purger's flush of the fronts
-         * (heaps_flush_mid, then arena_free). */
+         * (heaps_flush_mid, then arena_free). Meshing's prepare runs
+         * last, every other lock held: it write-protects the meshed pages,
+         * and a thread that waits on one must hold none of them. */
+        pthread_atfork(mesh_fork_prepare, mesh_fork_parent, mesh_fork_child);
         pthread_atfork(arena_fork_prepare, arena_fork_parent, arena_fork_child);
         heaps_fork_init();
         pthread_atfork(bigcache_fork_prepare, bigcache_fork_parent, bigcache_fork_child);

@@ -147,7 +147,8 @@ struct heap;
 enum slab_flag {
     SLAB_ALIGNED = 1, /* holds over-allocated aligned blocks: interior frees allowed */
     SLAB_STASHES_FREES = 2, /* its owner's slab of a mid class: frees go to the class's stash */
-    SLAB_FLAGS = 3,
+    SLAB_MESHED = 4,  /* a page of it shares a physical page with another slab's (mesh.c) */
+    SLAB_FLAGS = 7,
 };
 
 /* One slab: a run of 64 KiB pages holding blocks of one size class. Local
@@ -172,6 +173,7 @@ typedef struct slab {
     uint8_t parked;            /* current slab whose one used block waits in the cache (heap_free_last_block) */
     struct slab *next, *prev;  /* the owner heap's list for this class */
     _Atomic(void *) remote;    /* MPSC list of blocks freed by other threads */
+    struct mesh_rec *mesh;     /* its meshed pages and reserved slots (mesh.c), NULL if none */
 } slab_t;
 
 /* Other threads check a pointer they free against `carved` while the owner

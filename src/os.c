@@ -11,8 +11,10 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <linux/userfaultfd.h>
 #include <sched.h>
 #include <string.h>
+#include <sys/ioctl.h>
 #include <sys/mman.h>
 #include <sys/random.h>
 #include <sys/auxv.h>
@@ -24,6 +26,12 @@
 
 /* Linux 5.18's advice for the pages of a program that locked its memory
  * (older C library headers, musl's, lack it; older kernels refuse it). */
+/* Linux 5.11's userfaultfd limited to faults in user mode, the one an
+ * unprivileged process gets under the default sysctl. */
+#ifndef UFFD_USER_MODE_ONLY
+#define UFFD_USER_MODE_ONLY 1
+#endif
+
 #ifndef MADV_DONTNEED_LOCKED
 #define MADV_DONTNEED_LOCKED 24
 #endif
@@ -428,6 +436,93 @@ bool os_protect(void *p, size_t size, bool accessible)
     bool done = mprotect(p, size, accessible ? PROT_READ | PROT_WRITE : PROT_NONE) == 0;
     errno = saved;
     return done;
+}
+
+/* ---- meshing's kernel side (mesh.c) ---- */
+
+int os_memfd(const char *name, uint64_t size)
+{
+    int saved = errno, fd = (int)syscall(SYS_memfd_create, name, MFD_CLOEXEC);
+    if (fd >= 0 && syscall(SYS_ftruncate, fd, (off_t)size) != 0) {
+        syscall(SYS_close, fd);
+        fd = -1;
+    }
+    errno = saved;
+    return fd;
+}
+
+int os_userfaultfd(bool user_mode_only, uint64_t features, uint64_t *supported)
+{
+    int saved = errno;
+    int fd = (int)syscall(SYS_userfaultfd, O_CLOEXEC | O_NONBLOCK | (user_mode_only ? UFFD_USER_MODE_ONLY : 0));
+    struct uffdio_api api = {.api = UFFD_API, .features = features};
+    if (fd >= 0 && ioctl(fd, UFFDIO_API, &api) != 0) {
+        syscall(SYS_close, fd);
+        fd = -1;
+    }
+    if (fd >= 0 && supported)
+        *supported = api.features;
+    errno = saved;
+    return fd;
+}
+
+bool os_uffd_write_protect(int uffd, void *p, size_t size)
+{
+    int saved = errno;
+    struct uffdio_register reg = {.range = {(uintptr_t)p, size}, .mode = UFFDIO_REGISTER_MODE_WP};
+    struct uffdio_writeprotect wp = {.range = {(uintptr_t)p, size}, .mode = UFFDIO_WRITEPROTECT_MODE_WP};
+    bool done = ioctl(uffd, UFFDIO_REGISTER, &reg) == 0 && ioctl(uffd, UFFDIO_WRITEPROTECT, &wp) == 0;
+    errno = saved;
+    return done;
+}
+
+void os_uffd_write_unprotect(int uffd, void *p, size_t size)
+{
+    int saved = errno;
+    struct uffdio_writeprotect wp = {.range = {(uintptr_t)p, size}, .mode = 0};
+    struct uffdio_range range = {(uintptr_t)p, size};
+    ioctl(uffd, UFFDIO_WRITEPROTECT, &wp);
+    ioctl(uffd, UFFDIO_UNREGISTER, &range);
+    errno = saved;
+}
+
+void os_uffd_wake(int uffd, void *p, size_t size)
+{
+    int saved = errno;
+    struct uffdio_range range = {(uintptr_t)p, size};
+    ioctl(uffd, UFFDIO_WAKE, &range);
+    errno = saved;
+}
+
+bool os_map_file_fixed(void *p, size_t size, int fd, uint64_t offset)
+{
+    int saved = errno;
+    bool done = mmap(p, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, fd, (off_t)offset) != MAP_FAILED;
+    errno = saved;
+    return done;
+}
+
+bool os_map_anon_fixed(void *p, size_t size)
+{
+    int saved = errno;
+    bool done = mmap(p, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0) != MAP_FAILED;
+    errno = saved;
+    return done;
+}
+
+bool os_pwrite(int fd, const void *buf, size_t size, uint64_t offset)
+{
+    int saved = errno;
+    bool done = syscall(SYS_pwrite64, fd, buf, size, (off_t)offset) == (long)size;
+    errno = saved;
+    return done;
+}
+
+void os_punch_hole(int fd, uint64_t offset, uint64_t size)
+{
+    int saved = errno;
+    syscall(SYS_fallocate, fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, (off_t)offset, (off_t)size);
+    errno = saved;
 }
 
 /* 64 random bits from getrandom; where it fails (no entropy yet, a seccomp

@@ -83,6 +83,23 @@ void os_prefault(void *p, size_t size);
 void os_advise_huge(void *p, size_t size);
 void os_advise_small_pages(void *p, size_t size);
 bool os_protect(void *p, size_t size, bool accessible);
+
+/* Meshing's kernel side (mesh.c): a memfd of size bytes, sparse (-1 if
+ * refused); a userfaultfd with the features asked for (-1 if refused or
+ * unknown; *supported: the kernel's), limited to faults in user mode or
+ * not; a range's writes made to wait (registered and protected) and let
+ * go (the waiters woken, the range unregistered), or its waiters woken;
+ * a mapping put over p in one step, shared from the file or a fresh
+ * private one; a write of the file, and its pages given back. */
+int os_memfd(const char *name, uint64_t size);
+int os_userfaultfd(bool user_mode_only, uint64_t features, uint64_t *supported);
+bool os_uffd_write_protect(int uffd, void *p, size_t size);
+void os_uffd_write_unprotect(int uffd, void *p, size_t size);
+void os_uffd_wake(int uffd, void *p, size_t size);
+bool os_map_file_fixed(void *p, size_t size, int fd, uint64_t offset);
+bool os_map_anon_fixed(void *p, size_t size);
+bool os_pwrite(int fd, const void *buf, size_t size, uint64_t offset);
+void os_punch_hole(int fd, uint64_t offset, uint64_t size);
 bool os_thread_filtered(void);
 int os_thread_id(void);
 bool os_thread_alive(int tid);

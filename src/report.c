@@ -7,6 +7,7 @@
 #define _GNU_SOURCE
 #include "report.h"
 #include "init.h"
+#include "mesh.h"
 #include "hakmem.h"
 
 #include <dlfcn.h>
@@ -108,6 +109,14 @@ static void print_memory(FILE *out, const hak_stats_t *s)
             (unsigned long long)s->bigcache_reshaped, mib(s->bigcache_bytes));
     fprintf(out, "  slab refills  %10llu\n", (unsigned long long)s->slab_refills);
     fprintf(out, "  heaps         %10zu live, %zu orphaned\n", s->heaps_live, s->heaps_orphaned);
+    if (hak_config.mesh && mesh_off_reason())
+        fprintf(out, "  mesh          off: %s\n", mesh_off_reason());
+    else if (hak_config.mesh)
+        fprintf(out, "  mesh          %10zu pages given back now (%.2f MiB), %llu meshed in all%s\n", s->mesh_pages,
+                mib(s->mesh_pages * MESH_PAGE), (unsigned long long)s->mesh_pages_ever,
+                mesh_kernel_writes_wait() ? ""
+                                          : "; userfaultfd for user-mode faults only: a system call writing into a "
+                                            "block while it is meshed fails with EFAULT");
 }
 
 static void print_kpi(FILE *out, const hak_kpi_t *k)
@@ -211,13 +220,13 @@ HAK_EXPORT void hak_stats_print_json(FILE *out)
                  "\"arenas\":%zu,\"arena_bytes\":%zu,\"arena_pooled_bytes\":%zu,\"arena_free_bytes\":%zu,\"arena_dirty_bytes\":%zu,"
                  "\"large_blocks\":%zu,\"large_bytes\":%zu,\"large_allocs\":%llu,\"large_huge\":%llu,\"bigcache_hits\":%llu,\"bigcache_misses\":%llu,"
                  "\"bigcache_reshaped\":%llu,\"bigcache_bytes\":%zu,\"slab_refills\":%llu,\"heaps_live\":%zu,\"heaps_orphaned\":%zu,"
-                 "\"memory_limit\":%zu},",
+                 "\"mesh_pages\":%zu,\"mesh_pages_ever\":%llu,\"memory_limit\":%zu},",
             s->hardened ? "true" : "false", s->mapped_bytes, s->mapped_peak, s->superslabs, s->superslabs_empty, s->tiny_slabs,
             s->mid_slabs, s->tiny_bytes, s->mid_bytes, s->arenas, s->arena_bytes, s->arena_pooled_bytes, s->arena_free_bytes,
             s->arena_dirty_bytes, s->large_blocks, s->large_bytes, (unsigned long long)s->large_allocs, (unsigned long long)s->large_huge,
             (unsigned long long)s->bigcache_hits, (unsigned long long)s->bigcache_misses,
             (unsigned long long)s->bigcache_reshaped, s->bigcache_bytes, (unsigned long long)s->slab_refills, s->heaps_live, s->heaps_orphaned,
-            os_memory_limit());
+            s->mesh_pages, (unsigned long long)s->mesh_pages_ever, os_memory_limit());
     fprintf(out, "\"kpi\":{\"rss_bytes\":%zu,\"rss_peak_bytes\":%zu,\"page_faults_minor\":%llu,"
                  "\"page_faults_major\":%llu,\"latency_samples\":%llu,\"latency_mean_ns\":%.1f,\"latency_p50_ns\":%.1f,"
                  "\"latency_p95_ns\":%.1f,\"latency_p99_ns\":%.1f,\"latency_allocations\":%llu},",

@@ -1,6 +1,7 @@
 /* Statistics: the snapshot behind hak_stats_get (report.c prints it). */
 #include "alloc.h"
 #include "init.h"
+#include "mesh.h"
 #include "superslab.h"
 #include "hakmem.h"
 
@@ -40,6 +41,8 @@ static void stats_fill(hak_stats_t *out)
     out->tuner_windows = t.windows;
     out->tuner_moves = t.moves;
     out->hardened = HAK_SECURE;
+    mesh_stats(&out->mesh_pages, &out->mesh_pages_ever);
+    out->meshing = mesh_enabled();
     arena_stats(&out->arenas, &out->arena_bytes, &out->arena_free_bytes, &out->arena_dirty_bytes,
                 &out->arena_pooled_bytes);
 }

@@ -11,6 +11,7 @@
  * lock per SuperSlab keeps its purges apart from the owner's page changes. */
 #include "superslab.h"
 #include "heap.h"
+#include "mesh.h"
 #include "purger.h"
 
 #include <errno.h>
@@ -356,6 +357,7 @@ void slab_format(slab_t *s, heap_t *heap, unsigned c)
     s->carved = 0;
     s->carved_end = s->start;
     s->next = s->prev = NULL;
+    hak_assert(!s->mesh); /* dissolved when it was released */
     atomic_store_explicit(&s->remote, NULL, memory_order_relaxed);
     atomic_store_explicit(&s->owner, (uintptr_t)heap, memory_order_release);
 }
@@ -367,6 +369,7 @@ void slab_format(slab_t *s, heap_t *heap, unsigned c)
  * ss_lock (collect gives that one back too: superslab_give_back_empty). */
 void superslab_slab_release(heap_t *heap, slab_t *s)
 {
+    mesh_dissolve(s); /* before its pages can take another class */
     superslab_t *ss = superslab_of(s);
     unsigned page = slab_head_page(s);
     uint32_t mask = run_mask(page, s->span);

@@ -36,6 +36,10 @@ static inline size_t proc_kib_field_bytes(const char *path, const char *format)
 
 static inline size_t rss_bytes(void) { return proc_kib_field_bytes("/proc/self/smaps_rollup", "Rss: %zu kB"); }
 
+/* The proportional set: a page mapped twice in the process (meshing's
+ * shared pages, src/mesh.c) counts once, where Rss counts it twice. */
+static inline size_t pss_bytes(void) { return proc_kib_field_bytes("/proc/self/smaps_rollup", "Pss: %zu kB"); }
+
 /* The resident set less the pages given back with MADV_FREE
  * (HAKMEM_PURGE_ADVICE=free), which stay in it, as LazyFree, until the
  * kernel needs them. */

@@ -1,0 +1,692 @@
+/* Meshing (mesh.h): compaction without moving a pointer.
+ *
+ * Two tiny slabs X and Y of one class have their blocks at the same
+ * offsets. Where, on the 4 KiB page at offset k of both, no block live in
+ * X overlaps one live in Y, the two pages can be one physical page: the
+ * live bytes of both are copied into a page of a memfd, which is then
+ * mapped over both virtual pages (MAP_SHARED | MAP_FIXED); the two
+ * anonymous pages go. Pointers never change.
+ *
+ * Each block slot overlapping a meshed page is then used through one of
+ * the two slabs at most; the other reserves it. A reserved slot counts as
+ * used in its slab (so the slab never looks empty while it has one) and
+ * is on no list. At the mesh, X keeps its live slots and its free ones
+ * (Y reserves them), Y keeps its live ones (X reserves them), and a slot
+ * free in Y and reserved in X stays Y's. A meshed slab carries
+ * SLAB_MESHED in its owner word: every free of its blocks takes the
+ * irregular path, which refuses a reserved slot as a double free and
+ * dissolves the slab once it holds no live block of its own. Dissolving
+ * maps anonymous memory over its meshed pages and gives each partner back
+ * the slots it reserved there (those no other meshed page of the partner
+ * still reserves). A page whose partner went stays the memfd's until its
+ * own slab dissolves; the memfd page is punched out then.
+ *
+ * Writes during the copy: both pages are write-protected with a
+ * userfaultfd first (scripts/mesh_probe.c measured what it gives); a
+ * thread storing into either waits in the kernel until the pages are
+ * remapped and woken, and its store lands in the meshed page. Readers
+ * read either copy, which hold the same bytes.
+ *
+ * Fork: a child must not share the parent's meshed pages. The prepare
+ * handler, which runs after every other (its locks held), write-protects
+ * every view of the memfd and copies them aside; the child maps private
+ * pages over its views and fills them from the copies (its pages are
+ * unmeshed, not shared, the slot bookkeeping unchanged); the parent lifts
+ * the protection, which wakes its waiting writers.
+ *
+ * Everything here runs under mesh_lock, by the owner of the slabs (or the
+ * thread that took an orphan's), which holds no other lock of hakmem's. */
+#define _GNU_SOURCE
+#include "mesh.h"
+#include "os.h"
+
+#include <linux/userfaultfd.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#ifndef UFFD_FEATURE_WP_HUGETLBFS_SHMEM
+#define UFFD_FEATURE_WP_HUGETLBFS_SHMEM (1 << 12)
+#endif
+#ifndef UFFD_FEATURE_WP_UNPOPULATED
+#define UFFD_FEATURE_WP_UNPOPULATED (1 << 13)
+#endif
+
+/* The memfd is sized once, sparse: pages are handed out from its start. */
+#define MESH_FILE_PAGES ((uint32_t)1 << 24) /* 64 GiB */
+/* Partners a page tries before it gives up (a pass is n times this at
+ * most a page offset). */
+#define MESH_PROBES 64
+
+typedef struct mesh_page {
+    slab_t *partner;    /* the slab whose page at this offset shares the physical page; NULL: none now */
+    uint32_t file_page; /* the memfd page mapped here, plus one; 0: an anonymous page */
+} mesh_page_t;
+
+typedef struct mesh_rec {
+    struct mesh_rec *next, *prev; /* every record (mesh_lock); next: the free list */
+    slab_t *slab;
+    uint32_t reserved_count;
+    uint64_t reserved[MESH_MAX_SLOTS / 64]; /* read by other threads' frees (atomic accesses) */
+    mesh_page_t page[MESH_PAGES];
+} mesh_rec_t;
+
+/* A slab in a pass: its free slots (on its local list). */
+typedef struct mesh_scan {
+    slab_t *s;
+    bool changed;
+    uint64_t free[MESH_MAX_SLOTS / 64];
+} mesh_scan_t;
+
+static pthread_mutex_t mesh_lock = PTHREAD_MUTEX_INITIALIZER;
+static bool mesh_on;
+static const char *off_reason;
+static int memfd = -1, uffd = -1;
+static bool uffd_full;             /* not limited to faults in user mode */
+static mesh_rec_t *recs, *free_recs;
+static uint32_t file_pages_used;   /* bump pointer into the memfd */
+static uint32_t *free_file_pages;  /* a stack of punched pages */
+static size_t free_file_count;
+static size_t pairs_now, max_pairs;
+static _Atomic size_t stat_pages_now;
+static _Atomic uint64_t stat_pages_ever;
+static mesh_scan_t *scans;         /* MESH_PASS_SLABS of them, mapped once */
+static char page_buf[MESH_PAGE];
+
+static void *fork_copies;          /* the views' bytes across a fork */
+static size_t fork_views;
+
+/* ---- bits ------------------------------------------------------------------ */
+
+static inline bool bit_get(const uint64_t *m, uint32_t i) { return __atomic_load_n(&m[i >> 6], __ATOMIC_RELAXED) >> (i & 63) & 1; }
+
+static inline void bit_put(uint64_t *m, uint32_t i, bool on)
+{
+    uint64_t w = __atomic_load_n(&m[i >> 6], __ATOMIC_RELAXED), b = (uint64_t)1 << (i & 63);
+    __atomic_store_n(&m[i >> 6], on ? w | b : w & ~b, __ATOMIC_RELAXED);
+}
+
+/* The slots of s that overlap its page k: [*lo, *hi). */
+static void page_slots(const slab_t *s, unsigned k, uint32_t *lo, uint32_t *hi)
+{
+    uint32_t bs = s->block_size;
+    uint32_t first = (uint32_t)(k * MESH_PAGE / bs), end = (uint32_t)(((k + 1) * MESH_PAGE + bs - 1) / bs);
+    *lo = first < s->capacity ? first : s->capacity;
+    *hi = end < s->capacity ? end : s->capacity;
+}
+
+static char *slot_at(const slab_t *s, uint32_t i) { return s->start + (size_t)i * s->block_size; }
+
+static bool reserved(const mesh_rec_t *r, uint32_t i) { return r && bit_get(r->reserved, i); }
+
+static void set_owner_flag(slab_t *s, bool on)
+{
+    uintptr_t owner = atomic_load_explicit(&s->owner, memory_order_relaxed);
+    owner = on ? owner | SLAB_MESHED : owner & ~(uintptr_t)SLAB_MESHED;
+    atomic_store_explicit(&s->owner, owner, memory_order_relaxed);
+}
+
+/* ---- the kernel's side ------------------------------------------------------- */
+
+/* The memfd and the userfaultfd; false with off_reason set. */
+static bool mesh_open(void)
+{
+    memfd = os_memfd("hakmem-mesh", (uint64_t)MESH_FILE_PAGES * MESH_PAGE);
+    if (memfd < 0) {
+        off_reason = "no memfd (memfd_create or ftruncate refused)";
+        return false;
+    }
+    uint64_t needed = UFFD_FEATURE_PAGEFAULT_FLAG_WP | UFFD_FEATURE_WP_HUGETLBFS_SHMEM, supported = 0;
+    bool user_mode_only = false;
+    int probe = os_userfaultfd(false, 0, &supported);
+    if (probe < 0) {
+        user_mode_only = true;
+        probe = os_userfaultfd(true, 0, &supported);
+    }
+    if (probe < 0) {
+        off_reason = "no userfaultfd (the system refuses it)";
+        return false;
+    }
+    os_close(probe);
+    if ((supported & needed) != needed) {
+        off_reason = "the kernel's userfaultfd has no write protection for shared memory";
+        return false;
+    }
+    uffd = os_userfaultfd(user_mode_only, needed | (supported & UFFD_FEATURE_WP_UNPOPULATED), NULL);
+    if (uffd < 0) {
+        off_reason = "no userfaultfd (the system refuses it)";
+        return false;
+    }
+    uffd_full = !user_mode_only;
+    return true;
+}
+
+static void mesh_close(void)
+{
+    if (memfd >= 0)
+        os_close(memfd);
+    if (uffd >= 0)
+        os_close(uffd);
+    memfd = uffd = -1;
+}
+
+/* Writes into the page at v wait from now on. */
+static bool page_protect(char *v) { return os_uffd_write_protect(uffd, v, MESH_PAGE); }
+
+/* The protection lifted, the waiting writers woken (their page unchanged). */
+static void page_unprotect(char *v) { os_uffd_write_unprotect(uffd, v, MESH_PAGE); }
+
+/* The writers waiting on v go on, into whatever is mapped there now. */
+static void page_wake(char *v) { os_uffd_wake(uffd, v, MESH_PAGE); }
+
+static bool map_file_page(char *v, uint32_t file_page)
+{
+    return os_map_file_fixed(v, MESH_PAGE, memfd, (uint64_t)file_page * MESH_PAGE);
+}
+
+/* A fresh anonymous page at v in one step (the mapping there replaced). */
+static void map_own_page(char *v)
+{
+    if (!os_map_anon_fixed(v, MESH_PAGE))
+        hak_fatal("hakmem: meshing could not map a page back to its slab (out of mappings?)");
+}
+
+static bool file_page_get(uint32_t *page)
+{
+    if (free_file_count) {
+        *page = free_file_pages[--free_file_count];
+        return true;
+    }
+    if (file_pages_used == MESH_FILE_PAGES)
+        return false;
+    *page = file_pages_used++;
+    return true;
+}
+
+/* The memfd page goes back to the system and to the stack for reuse. */
+static void file_page_put(uint32_t page)
+{
+    if (memfd >= 0)
+        os_punch_hole(memfd, (uint64_t)page * MESH_PAGE, MESH_PAGE);
+    free_file_pages[free_file_count++] = page;
+}
+
+/* ---- records ------------------------------------------------------------------ */
+
+static mesh_rec_t *rec_new(slab_t *s)
+{
+    if (!free_recs) {
+        size_t bytes = (size_t)64 << 10, n = bytes / sizeof(mesh_rec_t);
+        mesh_rec_t *chunk = os_map(bytes);
+        if (!chunk)
+            return NULL;
+        for (size_t i = 0; i < n; i++) {
+            chunk[i].next = free_recs;
+            free_recs = &chunk[i];
+        }
+    }
+    mesh_rec_t *r = free_recs;
+    free_recs = r->next;
+    memset(r, 0, sizeof *r);
+    r->slab = s;
+    r->next = recs;
+    if (recs)
+        recs->prev = r;
+    recs = r;
+    s->mesh = r;
+    return r;
+}
+
+static void rec_free(mesh_rec_t *r)
+{
+    if (r->prev)
+        r->prev->next = r->next;
+    else
+        recs = r->next;
+    if (r->next)
+        r->next->prev = r->prev;
+    r->slab->mesh = NULL;
+    r->slab = NULL;
+    r->prev = NULL;
+    r->next = free_recs;
+    free_recs = r;
+}
+
+static void reserve(mesh_scan_t *sc, uint32_t i)
+{
+    mesh_rec_t *r = sc->s->mesh;
+    bit_put(r->reserved, i, true);
+    r->reserved_count++;
+    sc->free[i >> 6] &= ~((uint64_t)1 << (i & 63));
+    sc->changed = true;
+}
+
+/* ---- setup -------------------------------------------------------------------- */
+
+static size_t max_map_count(void)
+{
+    char buf[32] = {0};
+    int fd = os_open_read("/proc/sys/vm/max_map_count");
+    long n = fd >= 0 ? os_read(fd, buf, sizeof buf - 1) : -1;
+    if (fd >= 0)
+        os_close(fd);
+    long v = n > 0 ? strtol(buf, NULL, 10) : 0;
+    return v > 0 ? (size_t)v : 65530;
+}
+
+void mesh_init(void)
+{
+    if (!hak_config.mesh)
+        return;
+    if (HAK_SECURE) {
+        off_reason = "the hardened library keys its canaries by address";
+        return;
+    }
+    if (os_page_size() != MESH_PAGE) {
+        off_reason = "the system's pages are not 4 KiB";
+        return;
+    }
+    if (!mesh_open()) {
+        mesh_close();
+        return;
+    }
+    /* A meshed pair splits up to four mappings off the SuperSlabs': a
+     * fifth of the kernel's limit for them, the rest left to the program. */
+    max_pairs = max_map_count() / 5;
+    free_file_pages = os_map(max_pairs * sizeof *free_file_pages);
+    scans = os_map(MESH_PASS_SLABS * sizeof *scans);
+    if (!free_file_pages || !scans) {
+        off_reason = "no memory for its tables";
+        mesh_close();
+        return;
+    }
+    mesh_on = true;
+}
+
+bool mesh_enabled(void) { return mesh_on; }
+const char *mesh_off_reason(void) { return off_reason; }
+bool mesh_kernel_writes_wait(void) { return uffd_full; }
+
+void mesh_stats(size_t *pages_now, uint64_t *pages_ever)
+{
+    *pages_now = atomic_load_explicit(&stat_pages_now, memory_order_relaxed);
+    *pages_ever = atomic_load_explicit(&stat_pages_ever, memory_order_relaxed);
+}
+
+bool mesh_slot_reserved(const slab_t *s, const void *b)
+{
+    const mesh_rec_t *r = s->mesh;
+    return r && bit_get(r->reserved, slab_block_index(s, b));
+}
+
+uint32_t mesh_reserved(const slab_t *s) { return s->mesh ? s->mesh->reserved_count : 0; }
+
+/* ---- a pass ------------------------------------------------------------------- */
+
+static bool mesh_candidate(const slab_t *s)
+{
+    uintptr_t owner = atomic_load_explicit(&s->owner, memory_order_relaxed);
+    return s->in_use && s->span == 1 && class_is_tiny(s->class_idx) && s->carved == s->capacity && !s->parked &&
+           !(owner & SLAB_ALIGNED) && !((uintptr_t)s->start & (MESH_PAGE - 1)) && s->capacity <= MESH_MAX_SLOTS;
+}
+
+/* sc's free slots from its local list; false if the list does not add up
+ * (the program corrupted it: the slab is left alone). */
+static bool scan_slab(mesh_scan_t *sc, slab_t *s)
+{
+    memset(sc, 0, sizeof *sc);
+    sc->s = s;
+    uint32_t n = 0, listed = s->carved - s->used;
+    for (char *b = s->free; b; b = block_next(b)) {
+        if (b < s->start || (uint32_t)((b - s->start) / s->block_size) >= s->capacity || ++n > listed)
+            return false;
+        uint32_t i = slab_block_index(s, b);
+        if (slot_at(s, i) != b || sc->free[i >> 6] >> (i & 63) & 1)
+            return false;
+        sc->free[i >> 6] |= (uint64_t)1 << (i & 63);
+    }
+    return n == listed;
+}
+
+/* Whether page k of a slab is meshed, or was (a fork child's). */
+static bool page_taken(const slab_t *s, unsigned k)
+{
+    const mesh_rec_t *r = s->mesh;
+    return r && (r->page[k].partner || r->page[k].file_page);
+}
+
+/* A slot of sc live: its own, and not on its list. */
+static uint64_t live_word(const mesh_scan_t *sc, unsigned w)
+{
+    const mesh_rec_t *r = sc->s->mesh;
+    return ~(sc->free[w] | (r ? r->reserved[w] : 0));
+}
+
+static bool pages_disjoint(const mesh_scan_t *x, const mesh_scan_t *y, uint32_t lo, uint32_t hi)
+{
+    for (uint32_t w = lo >> 6; w <= (hi - 1) >> 6; w++) {
+        uint64_t mask = ~(uint64_t)0;
+        if (w == lo >> 6)
+            mask &= ~(uint64_t)0 << (lo & 63);
+        if (w == (hi - 1) >> 6 && (hi & 63))
+            mask &= ~(uint64_t)0 >> (64 - (hi & 63));
+        if (live_word(x, w) & live_word(y, w) & mask)
+            return false;
+    }
+    return true;
+}
+
+/* The bookkeeping of both slabs over a page's slots, kept to be put back
+ * where the mesh fails. */
+typedef struct mesh_undo {
+    uint64_t free[2][6], reserved[2][6];
+    uint32_t counts[2];
+} mesh_undo_t;
+
+static void undo_save(mesh_undo_t *u, mesh_scan_t *const sc[2], uint32_t lo, uint32_t hi)
+{
+    for (int j = 0; j < 2; j++) {
+        u->counts[j] = sc[j]->s->mesh->reserved_count;
+        for (uint32_t w = lo >> 6, n = 0; w <= (hi - 1) >> 6; w++, n++) {
+            u->free[j][n] = sc[j]->free[w];
+            u->reserved[j][n] = sc[j]->s->mesh->reserved[w];
+        }
+    }
+}
+
+static void undo_apply(const mesh_undo_t *u, mesh_scan_t *const sc[2], uint32_t lo, uint32_t hi)
+{
+    for (int j = 0; j < 2; j++) {
+        sc[j]->s->mesh->reserved_count = u->counts[j];
+        for (uint32_t w = lo >> 6, n = 0; w <= (hi - 1) >> 6; w++, n++) {
+            sc[j]->free[w] = u->free[j][n];
+            __atomic_store_n(&sc[j]->s->mesh->reserved[w], u->reserved[j][n], __ATOMIC_RELAXED);
+        }
+    }
+}
+
+/* Drop a record made for a mesh that did not happen. */
+static void rec_drop_unused(slab_t *s)
+{
+    mesh_rec_t *r = s->mesh;
+    if (!r || r->reserved_count)
+        return;
+    for (unsigned k = 0; k < MESH_PAGES; k++)
+        if (r->page[k].partner || r->page[k].file_page)
+            return;
+    rec_free(r);
+}
+
+static void mesh_record(slab_t *s, unsigned k, slab_t *partner, uint32_t file_page)
+{
+    s->mesh->page[k] = (mesh_page_t){partner, file_page + 1};
+    set_owner_flag(s, true);
+}
+
+/* Page k of x and of y become one: false if the kernel refused a step
+ * (the pass stops), with everything as it was but, where y's page could
+ * not be mapped after x's was, x's page the memfd's alone. */
+static bool mesh_pair(mesh_scan_t *x, mesh_scan_t *y, unsigned k)
+{
+    if ((!x->s->mesh && !rec_new(x->s)) || (!y->s->mesh && !rec_new(y->s))) {
+        rec_drop_unused(x->s);
+        return false;
+    }
+    mesh_scan_t *const both[2] = {x, y};
+    uint32_t lo, hi;
+    page_slots(x->s, k, &lo, &hi);
+    mesh_undo_t undo;
+    undo_save(&undo, both, lo, hi);
+    mesh_rec_t *rx = x->s->mesh, *ry = y->s->mesh;
+    for (uint32_t i = lo; i < hi; i++) {
+        bool own_x = !bit_get(rx->reserved, i), own_y = !bit_get(ry->reserved, i);
+        bool live_x = own_x && !(x->free[i >> 6] >> (i & 63) & 1);
+        bool live_y = own_y && !(y->free[i >> 6] >> (i & 63) & 1);
+        if (live_x || (own_x && !live_y)) {
+            if (own_y)
+                reserve(y, i);
+        } else if (own_y && own_x) {
+            reserve(x, i);
+        }
+    }
+    char *vx = x->s->start + k * MESH_PAGE, *vy = y->s->start + k * MESH_PAGE;
+    uint32_t fp;
+    bool got = file_page_get(&fp), ok = false;
+    bool protected_x = got && page_protect(vx), protected_y = protected_x && page_protect(vy);
+    if (protected_y) {
+        memcpy(page_buf, vx, MESH_PAGE);
+        for (uint32_t i = lo; i < hi; i++) {
+            if (bit_get(ry->reserved, i))
+                continue;
+            size_t from = (size_t)i * y->s->block_size, to = from + y->s->block_size;
+            size_t page_from = k * MESH_PAGE, page_to = page_from + MESH_PAGE;
+            from = from > page_from ? from : page_from;
+            to = to < page_to ? to : page_to;
+            memcpy(page_buf + (from - page_from), y->s->start + from, to - from);
+        }
+        ok = os_pwrite(memfd, page_buf, MESH_PAGE, (uint64_t)fp * MESH_PAGE) && map_file_page(vx, fp);
+    }
+    if (!protected_y || !ok) {
+        if (protected_x)
+            page_unprotect(vx);
+        if (protected_y)
+            page_unprotect(vy);
+        undo_apply(&undo, both, lo, hi);
+        if (got)
+            file_page_put(fp);
+        rec_drop_unused(x->s);
+        rec_drop_unused(y->s);
+        return false;
+    }
+    if (!map_file_page(vy, fp)) {
+        /* x's page is the memfd's now, alone; every slot there is x's again. */
+        page_wake(vx);
+        page_unprotect(vy);
+        undo_apply(&undo, both, lo, hi);
+        mesh_record(x->s, k, NULL, fp);
+        rec_drop_unused(y->s);
+        x->changed = true;
+        return false;
+    }
+    page_wake(vx);
+    page_wake(vy);
+    mesh_record(x->s, k, y->s, fp);
+    mesh_record(y->s, k, x->s, fp);
+    pairs_now++;
+    atomic_fetch_add_explicit(&stat_pages_now, 1, memory_order_relaxed);
+    atomic_fetch_add_explicit(&stat_pages_ever, 1, memory_order_relaxed);
+    return true;
+}
+
+/* s's local list rebuilt from the scan, in address order; the slots it
+ * reserved now count as used. */
+static void rebuild_list(const mesh_scan_t *sc)
+{
+    slab_t *s = sc->s;
+    block_keys_t keys = block_keys(s->start);
+    void *head = NULL;
+    uint32_t n = 0;
+    for (uint32_t i = s->capacity; i-- > 0;) {
+        if (!(sc->free[i >> 6] >> (i & 63) & 1))
+            continue;
+        block_link_with(slot_at(s, i), head, keys);
+        head = slot_at(s, i);
+        n++;
+    }
+    s->free = head;
+    s->used = s->capacity - n;
+}
+
+size_t mesh_slabs(slab_t *const *slabs, size_t n)
+{
+    if (!mesh_on || n < 2)
+        return 0;
+    pthread_mutex_lock(&mesh_lock);
+    if (memfd < 0 && !mesh_open()) { /* a fork child's first pass */
+        mesh_close();
+        mesh_on = false;
+        pthread_mutex_unlock(&mesh_lock);
+        return 0;
+    }
+    size_t m = 0, meshed = 0;
+    for (size_t i = 0; i < n && m < MESH_PASS_SLABS; i++)
+        if (mesh_candidate(slabs[i]) && scan_slab(&scans[m], slabs[i]))
+            m++;
+    bool stop = false;
+    for (unsigned k = 0; k < MESH_PAGES && !stop; k++) {
+        for (size_t i = 0; i < m && !stop; i++) {
+            if (page_taken(scans[i].s, k))
+                continue;
+            uint32_t lo, hi;
+            page_slots(scans[i].s, k, &lo, &hi);
+            if (lo >= hi)
+                break;
+            for (size_t j = i + 1, probes = 0; j < m && probes < MESH_PROBES; j++) {
+                if (page_taken(scans[j].s, k))
+                    continue;
+                probes++;
+                if (!pages_disjoint(&scans[i], &scans[j], lo, hi))
+                    continue;
+                if (pairs_now >= max_pairs || !mesh_pair(&scans[i], &scans[j], k))
+                    stop = true;
+                else
+                    meshed++;
+                break;
+            }
+        }
+    }
+    for (size_t i = 0; i < m; i++)
+        if (scans[i].changed)
+            rebuild_list(&scans[i]);
+    os_purge(scans, m * sizeof *scans);
+    pthread_mutex_unlock(&mesh_lock);
+    return meshed;
+}
+
+/* ---- dissolving ------------------------------------------------------------------ */
+
+/* p's slots on its page k, reserved while its partner there lived, are
+ * p's again where no other meshed page of p overlapping the slot has a
+ * partner that owns it: onto p's local list. */
+static void give_back_slots(slab_t *p, unsigned k)
+{
+    mesh_rec_t *r = p->mesh;
+    uint32_t lo, hi, bs = p->block_size;
+    page_slots(p, k, &lo, &hi);
+    for (uint32_t i = lo; i < hi; i++) {
+        if (!bit_get(r->reserved, i))
+            continue;
+        bool still = false;
+        unsigned first = (unsigned)((size_t)i * bs / MESH_PAGE), last = (unsigned)(((size_t)i * bs + bs - 1) / MESH_PAGE);
+        for (unsigned j = first; j <= last && j < MESH_PAGES; j++) {
+            slab_t *q = j == k ? NULL : r->page[j].partner;
+            if (q && !reserved(q->mesh, i))
+                still = true;
+        }
+        if (still)
+            continue;
+        bit_put(r->reserved, i, false);
+        r->reserved_count--;
+        block_link(slot_at(p, i), p->free);
+        p->free = slot_at(p, i);
+        p->used--;
+    }
+}
+
+void mesh_dissolve(slab_t *s)
+{
+    mesh_rec_t *r = s->mesh;
+    if (!r)
+        return;
+    pthread_mutex_lock(&mesh_lock);
+    for (unsigned k = 0; k < MESH_PAGES; k++) {
+        mesh_page_t *pg = &r->page[k];
+        slab_t *p = pg->partner;
+        if (pg->file_page)
+            map_own_page(s->start + k * MESH_PAGE);
+        if (p) {
+            p->mesh->page[k].partner = NULL;
+            give_back_slots(p, k);
+            pairs_now--;
+            if (pg->file_page)
+                atomic_fetch_sub_explicit(&stat_pages_now, 1, memory_order_relaxed);
+        } else if (pg->file_page) {
+            file_page_put(pg->file_page - 1);
+        }
+        *pg = (mesh_page_t){NULL, 0};
+    }
+    rec_free(r);
+    set_owner_flag(s, false);
+    s->free = NULL;
+    s->used = 0;
+    __atomic_store_n(&s->carved, 0, __ATOMIC_RELAXED); /* read by other threads' frees */
+    s->carved_end = s->start;
+    os_purge(s->start, (size_t)s->span * SLAB_PAGE_SIZE);
+    pthread_mutex_unlock(&mesh_lock);
+}
+
+/* ---- fork ----------------------------------------------------------------------- */
+
+#define FOR_EACH_VIEW(r, k)                                                                                       \
+    for (mesh_rec_t *r = recs; r; r = r->next)                                                                   \
+        for (unsigned k = 0; k < MESH_PAGES; k++)                                                                \
+            if (r->page[k].file_page)
+
+void mesh_fork_prepare(void)
+{
+    pthread_mutex_lock(&mesh_lock);
+    fork_views = 0;
+    fork_copies = NULL;
+    if (memfd < 0)
+        return;
+    FOR_EACH_VIEW(r, k)
+    fork_views++;
+    if (!fork_views || !(fork_copies = os_map(fork_views * MESH_PAGE)))
+        return;
+    size_t n = 0;
+    FOR_EACH_VIEW(r, k)
+    {
+        char *v = r->slab->start + k * MESH_PAGE;
+        page_protect(v);
+        memcpy((char *)fork_copies + n++ * MESH_PAGE, v, MESH_PAGE);
+    }
+}
+
+void mesh_fork_parent(void)
+{
+    if (fork_copies) {
+        FOR_EACH_VIEW(r, k)
+        page_unprotect(r->slab->start + k * MESH_PAGE);
+        os_unmap(fork_copies, fork_views * MESH_PAGE);
+        fork_copies = NULL;
+    }
+    pthread_mutex_unlock(&mesh_lock);
+}
+
+/* The child's views become private pages holding what the parent's held
+ * at the fork; nothing of the memfd stays mapped, and the child meshes
+ * with a memfd of its own. */
+void mesh_fork_child(void)
+{
+    size_t n = 0;
+    FOR_EACH_VIEW(r, k)
+    {
+        char *v = r->slab->start + k * MESH_PAGE;
+        /* Without the copies (no memory for them), the page's bytes now,
+         * which the parent's writers may have changed since the fork. */
+        const char *from = fork_copies ? (char *)fork_copies + n++ * MESH_PAGE : page_buf;
+        if (!fork_copies)
+            memcpy(page_buf, v, MESH_PAGE);
+        map_own_page(v);
+        memcpy(v, from, MESH_PAGE);
+        r->page[k].file_page = 0;
+    }
+    if (fork_copies)
+        os_unmap(fork_copies, fork_views * MESH_PAGE);
+    fork_copies = NULL;
+    mesh_close();
+    file_pages_used = 0;
+    free_file_count = 0;
+    atomic_store_explicit(&stat_pages_now, 0, memory_order_relaxed);
+    pthread_mutex_unlock(&mesh_lock);
+}

@@ -1,0 +1,52 @@
+/* Layer 5, meshing (mesh.c): two tiny slabs of one class whose live
+ * blocks on a 4 KiB page at the same offset do not overlap share one
+ * physical page, so that memory follows live data without moving a
+ * pointer (after Mesh, PLDI 2019). The owner meshes its own slabs
+ * (hak_collect, malloc_trim); docs/architecture.md, "Meshing". */
+#ifndef HAKMEM_MESH_H
+#define HAKMEM_MESH_H
+
+#include "block.h"
+
+/* Meshing works on 4 KiB pages, 16 to a slab page. */
+#define MESH_PAGE_SHIFT 12
+#define MESH_PAGE ((size_t)1 << MESH_PAGE_SHIFT)
+#define MESH_PAGES (SLAB_PAGE_SIZE / MESH_PAGE)
+#define MESH_MAX_SLOTS (SLAB_PAGE_SIZE / 16)
+
+/* At most this many slabs of a class are meshed together in one pass. */
+#define MESH_PASS_SLABS 512
+
+void mesh_init(void);
+bool mesh_enabled(void);
+/* Why meshing is off though HAKMEM_MESH asks for it; NULL otherwise. */
+const char *mesh_off_reason(void);
+/* Whether writes into a block being meshed by a system call wait (a full
+ * userfaultfd) or fail with EFAULT (user-mode faults only). */
+bool mesh_kernel_writes_wait(void);
+
+/* s carries SLAB_MESHED: b, a block of s, lies on a meshed page where
+ * its slot is the partner's (freeing it through s is a double free). */
+bool mesh_slot_reserved(const slab_t *s, const void *b);
+/* The blocks of s that are its partners' (counted in s->used). */
+uint32_t mesh_reserved(const slab_t *s);
+
+/* Mesh what it can among n slabs of one tiny class that the caller owns,
+ * each with its exact lists (no cached blocks, remote frees drained);
+ * returns the pages given back. */
+size_t mesh_slabs(slab_t *const *slabs, size_t n);
+
+/* s, meshed, holds no live block of its own: its meshed pages go back to
+ * being its own (and its partners' slots there to them), and it is left
+ * empty with nothing carved, its pages purged. */
+void mesh_dissolve(slab_t *s);
+
+void mesh_fork_prepare(void);
+void mesh_fork_parent(void);
+void mesh_fork_child(void);
+
+/* Physical pages given back now (two slabs' pages sharing one count one),
+ * and pages meshed since the start. */
+void mesh_stats(size_t *pages_now, uint64_t *pages_ever);
+
+#endif

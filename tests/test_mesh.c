@@ -1,0 +1,256 @@
+/* Meshing (HAKMEM_MESH=on, src/mesh.c): after a random 70% of many tiny
+ * blocks are freed, malloc_trim(0) shares pages between slabs and the
+ * process's proportional set (Pss) drops, every live block keeps its
+ * bytes, the blocks freed reuse, a free through a slot that meshing gave
+ * the other slab is refused as a double free, threads writing their
+ * blocks while the pages move lose no write, a fork child shares nothing
+ * with its parent, and freeing everything unmeshes every page.
+ * Run with HAKMEM_MESH=on and HAKMEM_ON_ERROR=warn (ctest sets both);
+ * exits 77 (skipped) where the system refuses what meshing needs. */
+#define _GNU_SOURCE
+#include "check.h"
+#include "rss.h"
+
+#include <fcntl.h>
+#include <malloc.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <sys/wait.h>
+
+#define BLOCKS 60000
+static const size_t sizes[] = {64, 112, 240, 496, 1000};
+#define SIZES (sizeof sizes / sizeof sizes[0])
+
+typedef struct block {
+    unsigned char *p;
+    size_t size;
+    unsigned char fill;
+} block_t;
+
+static block_t blocks[BLOCKS];
+
+static void block_fill(block_t *b, unsigned char fill)
+{
+    b->fill = fill;
+    memset(b->p, fill, b->size);
+}
+
+static bool block_intact(const block_t *b)
+{
+    for (size_t i = 0; i < b->size; i++)
+        if (b->p[i] != b->fill)
+            return false;
+    return true;
+}
+
+static size_t blocks_broken(block_t *set, size_t n)
+{
+    size_t broken = 0;
+    for (size_t i = 0; i < n; i++)
+        broken += set[i].p && !block_intact(&set[i]);
+    return broken;
+}
+
+static hak_stats_t stats(void)
+{
+    hak_stats_t s;
+    hak_stats_get(&s);
+    return s;
+}
+
+/* Blocks of every size in turn, each filled with its own byte. */
+static void fill_all(block_t *set, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        set[i].size = sizes[i % SIZES];
+        set[i].p = malloc(set[i].size);
+        CHECK(set[i].p && hak_owns(set[i].p));
+        block_fill(&set[i], (unsigned char)(1 + i % 251));
+    }
+}
+
+/* A random 70% of the blocks freed; their pointers kept in freed. */
+static size_t free_most(block_t *set, size_t n, void **freed, unsigned seed)
+{
+    size_t count = 0;
+    for (size_t i = 0; i < n; i++)
+        if (rand_r(&seed) % 10 < 7) {
+            free(set[i].p);
+            freed[count++] = set[i].p;
+            set[i].p = NULL;
+        }
+    return count;
+}
+
+static void *freed[BLOCKS];
+static size_t freed_count;
+
+static void test_mesh_returns_pages(void)
+{
+    fill_all(blocks, BLOCKS);
+    freed_count = free_most(blocks, BLOCKS, freed, 1);
+    size_t before = pss_bytes();
+    uint64_t ever = stats().mesh_pages_ever;
+    malloc_trim(0);
+    hak_stats_t s = stats();
+    printf("meshed %zu pages (%llu in all); Pss %zu -> %zu KiB\n", s.mesh_pages,
+           (unsigned long long)s.mesh_pages_ever, before >> 10, pss_bytes() >> 10);
+    CHECK(s.mesh_pages > 1000 && s.mesh_pages_ever - ever == s.mesh_pages);
+    CHECK(blocks_broken(blocks, BLOCKS) == 0);
+    /* Each pair gives back a page; the memfd page both map counts once. */
+    size_t after = pss_bytes();
+    CHECK(after + s.mesh_pages * 4096 / 2 <= before);
+}
+
+/* Every block freed before the mesh is freed again: each one a report
+ * (HAKMEM_ON_ERROR=warn), and none reaches a list, which would hand a
+ * meshed partner's live slot out again and the fill below overwrite it. */
+static void test_double_frees_refused(void)
+{
+    char path[] = "/tmp/hakmem-test-mesh-XXXXXX";
+    int fd = mkstemp(path), saved = dup(2);
+    CHECK(fd >= 0 && saved >= 0);
+    unlink(path);
+    dup2(fd, 2);
+    for (size_t i = 0; i < freed_count; i++)
+        free(freed[i]);
+    dup2(saved, 2);
+    close(saved);
+    char text[4096];
+    size_t lines = 0;
+    ssize_t n;
+    lseek(fd, 0, SEEK_SET);
+    while ((n = read(fd, text, sizeof text)) > 0)
+        for (ssize_t i = 0; i < n; i++)
+            lines += text[i] == '\n';
+    close(fd);
+    printf("%zu double frees, %zu reports\n", freed_count, lines);
+    CHECK(lines == freed_count);
+    static block_t extra[BLOCKS];
+    fill_all(extra, BLOCKS);
+    CHECK(blocks_broken(blocks, BLOCKS) == 0 && blocks_broken(extra, BLOCKS) == 0);
+    for (size_t i = 0; i < BLOCKS; i++)
+        free(extra[i].p);
+}
+
+/* A child sees the blocks as they were at the fork and writes its own;
+ * the parent's stay as they were. */
+static void test_fork(void)
+{
+    pid_t pid = fork();
+    if (pid == 0) {
+        size_t broken = blocks_broken(blocks, BLOCKS);
+        for (size_t i = 0; i < BLOCKS; i++)
+            if (blocks[i].p)
+                block_fill(&blocks[i], 0x5a);
+        _exit(broken == 0 && blocks_broken(blocks, BLOCKS) == 0 ? 0 : 1);
+    }
+    int status = 0;
+    CHECK(pid > 0 && waitpid(pid, &status, 0) == pid);
+    CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    CHECK(blocks_broken(blocks, BLOCKS) == 0);
+}
+
+static void test_refill(void)
+{
+    for (size_t i = 0; i < BLOCKS; i++)
+        if (!blocks[i].p) {
+            blocks[i].p = malloc(blocks[i].size);
+            CHECK(blocks[i].p != NULL);
+            block_fill(&blocks[i], (unsigned char)(7 + i % 241));
+        }
+    CHECK(blocks_broken(blocks, BLOCKS) == 0);
+}
+
+static void test_all_freed_unmeshes(void)
+{
+    for (size_t i = 0; i < BLOCKS; i++)
+        free(blocks[i].p);
+    malloc_trim(0);
+    CHECK(stats().mesh_pages == 0);
+}
+
+/* ---- threads writing while their pages are meshed -------------------------- */
+
+#define WRITERS 2
+#define WRITER_BLOCKS 6000
+static block_t writer_blocks[WRITERS][WRITER_BLOCKS];
+static atomic_bool writers_stop;
+static atomic_size_t writer_errors;
+
+/* Each round writes a new byte over every block and checks them all; the
+ * blocks go back (to the main thread's slabs: remote frees) at the end. */
+static void *writer(void *arg)
+{
+    block_t *set = arg;
+    for (unsigned round = 1; !atomic_load(&writers_stop) || round < 20; round++) {
+        for (size_t i = 0; i < WRITER_BLOCKS; i++)
+            block_fill(&set[i], (unsigned char)round);
+        atomic_fetch_add(&writer_errors, blocks_broken(set, WRITER_BLOCKS));
+    }
+    for (size_t i = 0; i < WRITER_BLOCKS; i++)
+        free(set[i].p);
+    return NULL;
+}
+
+static void test_threads_write_while_meshed(void)
+{
+    /* The main thread's blocks, a third of them the writers': the
+     * writers' blocks lie in the main thread's slabs among the others. */
+    static block_t own[BLOCKS];
+    static void *own_freed[BLOCKS];
+    size_t counts[WRITERS] = {0}, n = 0;
+    for (size_t i = 0; i < BLOCKS; i++) {
+        block_t b = {malloc(sizes[i % SIZES]), sizes[i % SIZES], 0};
+        CHECK(b.p != NULL);
+        size_t w = (i / 3) % WRITERS;
+        if (i % 3 == 0 && counts[w] < WRITER_BLOCKS)
+            writer_blocks[w][counts[w]++] = b;
+        else
+            own[n++] = b;
+    }
+    for (size_t i = 0; i < n; i++)
+        block_fill(&own[i], (unsigned char)(3 + i % 200));
+    free_most(own, n, own_freed, 2);
+    uint64_t ever = stats().mesh_pages_ever;
+    pthread_t t[WRITERS];
+    for (int w = 0; w < WRITERS; w++) {
+        for (size_t i = 0; i < counts[w]; i++)
+            block_fill(&writer_blocks[w][i], 1);
+        CHECK(counts[w] == WRITER_BLOCKS);
+        pthread_create(&t[w], NULL, writer, writer_blocks[w]);
+    }
+    for (int i = 0; i < 20; i++) {
+        malloc_trim(0);
+        usleep(2000);
+    }
+    atomic_store(&writers_stop, true);
+    for (int w = 0; w < WRITERS; w++)
+        pthread_join(t[w], NULL);
+    malloc_trim(0);
+    printf("threads: %llu pages meshed while the writers ran\n",
+           (unsigned long long)(stats().mesh_pages_ever - ever));
+    CHECK(stats().mesh_pages_ever - ever > 100);
+    CHECK(atomic_load(&writer_errors) == 0);
+    CHECK(blocks_broken(own, n) == 0);
+    for (size_t i = 0; i < n; i++)
+        free(own[i].p);
+    malloc_trim(0);
+    CHECK(stats().mesh_pages == 0);
+}
+
+int main(void)
+{
+    hak_stats_t s = stats();
+    if (!s.meshing) {
+        printf("meshing is off here (HAKMEM_MESH unset, or the system refuses it: HAKMEM_STATS=1 says why)\n");
+        return 77;
+    }
+    test_mesh_returns_pages();
+    test_double_frees_refused();
+    test_fork();
+    test_refill();
+    test_all_freed_unmeshes();
+    test_threads_write_while_meshed();
+    return check_summary("mesh");
+}
