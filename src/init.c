@@ -1,6 +1,7 @@
 /* Process initialisation: lazy, run by the first allocation, and
- * recursion-safe: nothing before the ready state can allocate, and what
- * runs after it (thread-exit key, fork handlers) may call malloc freely. */
+ * recursion-safe: nothing before the fork handlers' registration can
+ * allocate, and from there on the initialising thread may call malloc
+ * freely while the others wait for the ready state. */
 #include "alloc.h"
 #include "init.h"
 #include "mesh.h"
@@ -50,10 +51,15 @@ static const purge_client_t purge_clients[] = {
     {bigcache_collect, bigcache_release, true},
 };
 
+/* The thread running the init: its own allocations while it registers
+ * the fork handlers (musl's pthread_atfork allocates) go through. */
+static HAK_TLS bool initializing;
+
 void hak_init_slow(void)
 {
     int expected = 0;
     if (atomic_compare_exchange_strong(&hak_init_state, &expected, 1)) {
+        initializing = true;
         hak_profile_hooks = profile_hooks;
         sizeclass_init();
         options_init();
@@ -67,8 +73,14 @@ void hak_init_slow(void)
         arena_init();
         mesh_init();
         heaps_key_init(bigcache_thread_exit);
-        atomic_store_explicit(&hak_init_state, 2, memory_order_release);
-        /* Prepare handlers run last registered first: the lanes are locked
+        /* The fork handlers before the ready state: another thread that
+         * found the state ready and forked while the init still registered
+         * them forked without them, its child holding what a third thread
+         * had locked (musl's test_stress fork, whose threads start before
+         * its main thread's first malloc: a child blocked on ss_lock, once
+         * in 15 runs or so).
+         *
+         * Prepare handlers run last registered first: the lanes are locked
          * after heaps_lock, the order of the purger's flush of the fronts
          * (heaps_flush_mid, then arena_free). Meshing's prepare runs
          * last, every other lock held: it write-protects the meshed pages,
@@ -81,10 +93,14 @@ void hak_init_slow(void)
         pthread_atfork(NULL, NULL, os_membarrier_init); /* a new process registers anew */
         pthread_atfork(sample_fork_prepare, sample_fork_parent, sample_fork_child);
         pthread_atfork(NULL, NULL, learn_fork_child);
+        atomic_store_explicit(&hak_init_state, 2, memory_order_release);
+        initializing = false;
         stats_init();
         report_dumps_init();
         return;
     }
+    if (initializing)
+        return;
     while (atomic_load_explicit(&hak_init_state, memory_order_acquire) != 2)
         sched_yield();
 }
