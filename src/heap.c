@@ -665,9 +665,96 @@ static bool slab_would_carve(slab_t *s)
            !atomic_load_explicit(&s->remote, memory_order_relaxed);
 }
 
+static void heap_take_class(heap_t *heap, heap_t *from, unsigned c);
+
+/* Meshing (mesh.c) over a tiny class's slabs on the owned list (all of
+ * them after a collect; the current one, whose blocks are in the cache,
+ * is not there), until deadline_ns (0: none): a meshed slab left with no
+ * live block of its own goes back first. */
+static void heap_mesh_class(heap_t *heap, unsigned c, uint64_t deadline_ns)
+{
+    slab_t *batch[MESH_PASS_SLABS];
+    size_t n = 0, kept = 0;
+    slab_t *first = heap->owned[c];
+    for (slab_t *s = first; s && n < MESH_PASS_SLABS; s = s->next == first ? NULL : s->next)
+        batch[n++] = s;
+    for (size_t i = 0; i < n; i++) {
+        slab_t *s = batch[i];
+        if (s->mesh && s->used == mesh_reserved(s) && !atomic_load_explicit(&s->remote, memory_order_acquire)) {
+            mesh_dissolve(s);
+            heap_unlink_slab(heap, s);
+            superslab_slab_release(heap, s);
+        } else {
+            batch[kept++] = s;
+        }
+    }
+    mesh_slabs(batch, kept, deadline_ns);
+}
+
+#define MESH_REFILL_INTERVAL_MS 100
+#define MESH_REFILL_BUDGET_NS 5000000
+
+/* Below this size a class's pages hold more than 64 blocks, and two of
+ * them a third full overlap nearly always: the refills' meshing leaves
+ * them to a collect. */
+#define MESH_REFILL_MIN_BLOCK 64
+
+/* HAKMEM_MESH=on: a refill about to take a new slab (the heap would
+ * grow) meshes the heap's slabs first where the last such pass is 100 ms
+ * old, for 5 ms at most, class after class from where the last pass
+ * stopped: a thread spends at most a twentieth of its time so, and a
+ * program that never calls malloc_trim gets its memory back as it grows
+ * again. stress (`every_refill`): at every refill, the refill's class
+ * and one other in turn, their current slabs and cached blocks included,
+ * without a bound (every class at every refill took test_threads 27 s
+ * instead of 4). Inside the list flag. */
+static void heap_mesh_if_due(heap_t *heap, bool every_refill, unsigned refill_class)
+{
+    if (likely(hak_config.mesh == MESH_OFF) || !mesh_enabled() || every_refill != (hak_config.mesh == MESH_STRESS))
+        return;
+    if (every_refill) { /* the class's cache back to its slab first, as a collect does */
+        unsigned c = heap->mesh_class;
+        heap->mesh_class = (uint8_t)((c + 1) % TINY_CLASSES);
+        for (unsigned k = 0; k < 2; k++, c = refill_class) {
+            if (!class_is_tiny(c))
+                continue;
+            heap_take_class(heap, heap, c);
+            heap_mesh_class(heap, c, 0);
+        }
+        return;
+    }
+    uint64_t now = os_now_ms();
+    if (now - heap->meshed_ms < MESH_REFILL_INTERVAL_MS)
+        return;
+    heap->meshed_ms = now;
+    uint64_t deadline_ns = os_now_ns() + MESH_REFILL_BUDGET_NS;
+    for (unsigned i = 0; i < TINY_CLASSES && os_now_ns() <= deadline_ns; i++) {
+        unsigned c = heap->mesh_class;
+        heap->mesh_class = (uint8_t)((c + 1) % TINY_CLASSES);
+        if (hak_class_size[c] >= MESH_REFILL_MIN_BLOCK)
+            heap_mesh_class(heap, c, deadline_ns);
+    }
+}
+
+/* Before a new slab: an owned slab of class c whose pages meshing gave
+ * back for holding no live block takes them again (mesh_unvacate). */
+static slab_t *heap_unvacate(heap_t *heap, unsigned c)
+{
+    if (!class_is_tiny(c) || !mesh_has_vacant())
+        return NULL;
+    slab_t *first = heap->owned[c];
+    for (slab_t *s = first; s; s = s->next == first ? NULL : s->next)
+        if (s->mesh && mesh_unvacate(s)) {
+            list_remove(&heap->owned[c], s);
+            return s;
+        }
+    return NULL;
+}
+
 /* Another slab for class c's cache: an owned one, else an exited thread's
- * heap taken over (its slabs join the owned ones), else a new slab; NULL
- * if none could be had. With plenty, an owned slab must not be scarce:
+ * heap taken over (its slabs join the owned ones), else an owned slab
+ * whose vacant pages meshing gave back, else a new slab, after a meshing
+ * pass where one is due (HAKMEM_MESH); NULL if none could be had. With plenty, an owned slab must not be scarce:
  * the current one is, and a program whose live blocks of one size filled
  * their slab, freeing and taking them back at random, found one block at
  * a time there (1 KiB blocks, 64 live: a refill at every malloc, 268
@@ -693,6 +780,10 @@ static inline slab_t *heap_another_slab(heap_t *heap, unsigned c, bool plenty)
             break;
         HAK_COUNT(heap, refill_orphan);
     }
+    slab_t *s = heap_unvacate(heap, c);
+    if (s)
+        return s;
+    heap_mesh_if_due(heap, false, c);
     HAK_COUNT(heap, refill_new_slab);
     return heap_new_slab(heap, c);
 }
@@ -777,6 +868,7 @@ static HAK_NOINLINE void *heap_alloc_refill(heap_t *heap, unsigned c, size_t siz
     float weight = (heap->sample_left -= (long)size) <= 0 ? hak_profile_hooks.interval_end(heap, size) : 0;
     uint64_t start = weight ? hak_ticks() : 0;
     heap_enter_lists(heap);
+    heap_mesh_if_due(heap, true, c);
     slab_t *cur = heap->cur[c];
     if (cur && cur->parked) /* the cache is empty: its block was handed out */
         heap_unpark(heap, cur);
@@ -892,32 +984,6 @@ static void heap_mid_caches_emptied(heap_t *heap)
     atomic_store_explicit(&heap->mid_cached, false, memory_order_relaxed);
 }
 
-/* Meshing (mesh.c) over each tiny class's slabs, all on the owned lists
- * after a collect: a meshed slab left with no live block of its own goes
- * back first. */
-static void heap_mesh(heap_t *heap)
-{
-    slab_t *batch[MESH_PASS_SLABS];
-    for (unsigned c = 0; c < TINY_CLASSES; c++) {
-        size_t n = 0;
-        slab_t *first = heap->owned[c];
-        for (slab_t *s = first; s && n < MESH_PASS_SLABS; s = s->next == first ? NULL : s->next)
-            batch[n++] = s;
-        size_t kept = 0;
-        for (size_t i = 0; i < n; i++) {
-            slab_t *s = batch[i];
-            if (s->mesh && s->used == mesh_reserved(s) && !atomic_load_explicit(&s->remote, memory_order_acquire)) {
-                mesh_dissolve(s);
-                heap_unlink_slab(heap, s);
-                superslab_slab_release(heap, s);
-            } else {
-                batch[kept++] = s;
-            }
-        }
-        mesh_slabs(batch, kept);
-    }
-}
-
 /* Everything the heap holds and does not use goes back: cached blocks to
  * their slabs or arenas, empty slabs to their SuperSlabs, empty
  * SuperSlabs to the pool (unmapped beyond the reserve now with unmap_now,
@@ -938,7 +1004,8 @@ void heap_collect(heap_t *heap, bool unmap_now)
     }
     heap_mid_caches_emptied(heap);
     if (mesh_enabled())
-        heap_mesh(heap);
+        for (unsigned c = 0; c < TINY_CLASSES; c++)
+            heap_mesh_class(heap, c, 0);
     heap_release_spares(heap, heap);
     hak_assert(heap->kept_empty_bytes == 0); /* no slab is kept: the accounts agree */
     superslab_give_back_empty(heap, unmap_now);

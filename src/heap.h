@@ -180,6 +180,8 @@ typedef struct heap {
     double sample_credit_ns;   /* time samples may take before the mean interval grows */
     uint32_t sample_window;    /* samples since the last look */
     uint32_t tuner_refills;    /* refills, for the tuner's clock (heap_tick_tuner) */
+    uint64_t meshed_ms;        /* when its refills last meshed */
+    uint8_t mesh_class;        /* the tiny class its refills' next meshing starts at */
     unsigned arena_lane;       /* the page arenas' lane its thread allocates from (arena.c) */
     _Atomic int in_slow;       /* inside a list update (fork safety; the purger's mid claim keeps off) */
     /* The mid classes' frees to the stash, which the purger claims and

@@ -27,6 +27,10 @@
  * remapped and woken, and its store lands in the meshed page. Readers
  * read either copy, which hold the same bytes.
  *
+ * A page of a slab with no live block at all goes back on its own
+ * (vacant): its slots are reserved and the page purged, until a refill of
+ * the class that would take a new slab takes them back (mesh_unvacate).
+ *
  * Fork: a child must not share the parent's meshed pages. The prepare
  * handler, which runs after every other (its locks held), write-protects
  * every view of the memfd and copies them aside; the child maps private
@@ -34,8 +38,11 @@
  * unmeshed, not shared, the slot bookkeeping unchanged); the parent lifts
  * the protection, which wakes its waiting writers.
  *
- * Everything here runs under mesh_lock, by the owner of the slabs (or the
- * thread that took an orphan's), which holds no other lock of hakmem's. */
+ * Everything here runs under mesh_lock, by the owner of the slabs (at a
+ * collect, or a refill: heap.c decides when) or the thread that took an
+ * orphan's, or, to dissolve a slab an orphan's drain emptied, by the
+ * purger under the drain lock, which fork's prepare takes before this
+ * one. */
 #define _GNU_SOURCE
 #include "mesh.h"
 #include "os.h"
@@ -61,6 +68,7 @@
 typedef struct mesh_page {
     slab_t *partner;    /* the slab whose page at this offset shares the physical page; NULL: none now */
     uint32_t file_page; /* the memfd page mapped here, plus one; 0: an anonymous page */
+    bool vacant;        /* held no live block: purged, its slots reserved until a refill wants them */
 } mesh_page_t;
 
 typedef struct mesh_rec {
@@ -88,7 +96,7 @@ static uint32_t file_pages_used;   /* bump pointer into the memfd */
 static uint32_t *free_file_pages;  /* a stack of punched pages */
 static size_t free_file_count;
 static size_t pairs_now, max_pairs;
-static _Atomic size_t stat_pages_now;
+static _Atomic size_t stat_pages_now, vacant_pages;
 static _Atomic uint64_t stat_pages_ever;
 static mesh_scan_t *scans;         /* MESH_PASS_SLABS of them, mapped once */
 static char page_buf[MESH_PAGE];
@@ -233,7 +241,7 @@ static mesh_rec_t *rec_new(slab_t *s)
     if (recs)
         recs->prev = r;
     recs = r;
-    s->mesh = r;
+    __atomic_store_n(&s->mesh, r, __ATOMIC_RELAXED);
     return r;
 }
 
@@ -245,7 +253,7 @@ static void rec_free(mesh_rec_t *r)
         recs = r->next;
     if (r->next)
         r->next->prev = r->prev;
-    r->slab->mesh = NULL;
+    __atomic_store_n(&r->slab->mesh, NULL, __ATOMIC_RELAXED);
     r->slab = NULL;
     r->prev = NULL;
     r->next = free_recs;
@@ -313,20 +321,34 @@ void mesh_stats(size_t *pages_now, uint64_t *pages_ever)
     *pages_ever = atomic_load_explicit(&stat_pages_ever, memory_order_relaxed);
 }
 
+/* Read once: the report's statistics read it from other threads while the
+ * owner dissolves the slab (a record is never unmapped). */
+static const mesh_rec_t *rec_of(const slab_t *s) { return __atomic_load_n(&s->mesh, __ATOMIC_RELAXED); }
+
 bool mesh_slot_reserved(const slab_t *s, const void *b)
 {
-    const mesh_rec_t *r = s->mesh;
+    const mesh_rec_t *r = rec_of(s);
     return r && bit_get(r->reserved, slab_block_index(s, b));
 }
 
-uint32_t mesh_reserved(const slab_t *s) { return s->mesh ? s->mesh->reserved_count : 0; }
+uint32_t mesh_reserved(const slab_t *s)
+{
+    const mesh_rec_t *r = rec_of(s);
+    return r ? __atomic_load_n(&r->reserved_count, __ATOMIC_RELAXED) : 0;
+}
 
 /* ---- a pass ------------------------------------------------------------------- */
 
+/* A slab worth a scan: in use, and a quarter of its carved blocks free
+ * at least (a fuller one has few pages sparse enough to mesh: the scans
+ * of a growing program's full slabs took 3.7 ms a pass), but with
+ * HAKMEM_MESH=stress. Only its pages below what it carved mesh: a carve
+ * hands blocks out without a look at the reserved ones. */
 static bool mesh_candidate(const slab_t *s)
 {
     uintptr_t owner = atomic_load_explicit(&s->owner, memory_order_relaxed);
-    return s->in_use && s->span == 1 && class_is_tiny(s->class_idx) && s->carved == s->capacity && !s->parked &&
+    return s->in_use && s->span == 1 && class_is_tiny(s->class_idx) && s->carved && s->used &&
+           (hak_config.mesh == MESH_STRESS || s->carved - s->used >= s->carved / 4) && !s->parked &&
            !(owner & SLAB_ALIGNED) && !((uintptr_t)s->start & (MESH_PAGE - 1)) && s->capacity <= MESH_MAX_SLOTS;
 }
 
@@ -338,7 +360,7 @@ static bool scan_slab(mesh_scan_t *sc, slab_t *s)
     sc->s = s;
     uint32_t n = 0, listed = s->carved - s->used;
     for (char *b = s->free; b; b = block_next(b)) {
-        if (b < s->start || (uint32_t)((b - s->start) / s->block_size) >= s->capacity || ++n > listed)
+        if (b < s->start || (uint32_t)((b - s->start) / s->block_size) >= s->carved || ++n > listed)
             return false;
         uint32_t i = slab_block_index(s, b);
         if (slot_at(s, i) != b || sc->free[i >> 6] >> (i & 63) & 1)
@@ -352,7 +374,13 @@ static bool scan_slab(mesh_scan_t *sc, slab_t *s)
 static bool page_taken(const slab_t *s, unsigned k)
 {
     const mesh_rec_t *r = s->mesh;
-    return r && (r->page[k].partner || r->page[k].file_page);
+    return r && (r->page[k].partner || r->page[k].file_page || r->page[k].vacant);
+}
+
+/* Page k of s can mesh: not meshed yet, and carved whole. */
+static bool page_open(const slab_t *s, unsigned k, uint32_t hi)
+{
+    return hi <= s->carved && !page_taken(s, k);
 }
 
 /* A slot of sc live: its own, and not on its list. */
@@ -412,14 +440,14 @@ static void rec_drop_unused(slab_t *s)
     if (!r || r->reserved_count)
         return;
     for (unsigned k = 0; k < MESH_PAGES; k++)
-        if (r->page[k].partner || r->page[k].file_page)
+        if (r->page[k].partner || r->page[k].file_page || r->page[k].vacant)
             return;
     rec_free(r);
 }
 
 static void mesh_record(slab_t *s, unsigned k, slab_t *partner, uint32_t file_page)
 {
-    s->mesh->page[k] = (mesh_page_t){partner, file_page + 1};
+    s->mesh->page[k] = (mesh_page_t){partner, file_page + 1, false};
     set_owner_flag(s, true);
 }
 
@@ -498,6 +526,33 @@ static bool mesh_pair(mesh_scan_t *x, mesh_scan_t *y, unsigned k)
     return true;
 }
 
+/* sc's page k holds no live block: its slots are reserved (off the list
+ * rebuilt after the pass) and the page purged, until a refill of the
+ * class wants them back (mesh_unvacate). */
+static bool vacate(mesh_scan_t *sc, unsigned k)
+{
+    slab_t *s = sc->s;
+    if (!s->mesh && !rec_new(s))
+        return false;
+    uint32_t lo, hi;
+    page_slots(s, k, &lo, &hi);
+    for (uint32_t i = lo; i < hi; i++)
+        if (!bit_get(s->mesh->reserved, i))
+            reserve(sc, i);
+    s->mesh->page[k].vacant = true;
+    set_owner_flag(s, true);
+    os_purge(s->start + k * MESH_PAGE, MESH_PAGE);
+    atomic_fetch_add_explicit(&vacant_pages, 1, memory_order_relaxed);
+    atomic_fetch_add_explicit(&stat_pages_now, 1, memory_order_relaxed);
+    atomic_fetch_add_explicit(&stat_pages_ever, 1, memory_order_relaxed);
+    return true;
+}
+
+static bool page_has_live(const mesh_scan_t *sc, uint32_t lo, uint32_t hi)
+{
+    return !pages_disjoint(sc, sc, lo, hi);
+}
+
 /* s's local list rebuilt from the scan, in address order; the slots it
  * reserved now count as used. */
 static void rebuild_list(const mesh_scan_t *sc)
@@ -506,7 +561,7 @@ static void rebuild_list(const mesh_scan_t *sc)
     block_keys_t keys = block_keys(s->start);
     void *head = NULL;
     uint32_t n = 0;
-    for (uint32_t i = s->capacity; i-- > 0;) {
+    for (uint32_t i = s->carved; i-- > 0;) {
         if (!(sc->free[i >> 6] >> (i & 63) & 1))
             continue;
         block_link_with(slot_at(s, i), head, keys);
@@ -514,12 +569,12 @@ static void rebuild_list(const mesh_scan_t *sc)
         n++;
     }
     s->free = head;
-    s->used = s->capacity - n;
+    s->used = s->carved - n;
 }
 
-size_t mesh_slabs(slab_t *const *slabs, size_t n)
+size_t mesh_slabs(slab_t *const *slabs, size_t n, uint64_t deadline_ns)
 {
-    if (!mesh_on || n < 2)
+    if (!mesh_on || !n)
         return 0;
     pthread_mutex_lock(&mesh_lock);
     if (memfd < 0 && !mesh_open()) { /* a fork child's first pass */
@@ -529,28 +584,38 @@ size_t mesh_slabs(slab_t *const *slabs, size_t n)
         return 0;
     }
     size_t m = 0, meshed = 0;
-    for (size_t i = 0; i < n && m < MESH_PASS_SLABS; i++)
+    bool stop = false;
+    for (size_t i = 0; i < n && m < MESH_PASS_SLABS && !stop; i++) {
         if (mesh_candidate(slabs[i]) && scan_slab(&scans[m], slabs[i]))
             m++;
-    bool stop = false;
+        stop = deadline_ns && os_now_ns() > deadline_ns;
+    }
     for (unsigned k = 0; k < MESH_PAGES && !stop; k++) {
         for (size_t i = 0; i < m && !stop; i++) {
-            if (page_taken(scans[i].s, k))
-                continue;
+            uint32_t lo, hi;
+            page_slots(scans[i].s, k, &lo, &hi);
+            if (lo < hi && page_open(scans[i].s, k, hi) && !page_has_live(&scans[i], lo, hi)) {
+                bool done = vacate(&scans[i], k);
+                meshed += done;
+                stop = !done;
+            }
+        }
+        for (size_t i = 0; i < m && !stop; i++) {
             uint32_t lo, hi;
             page_slots(scans[i].s, k, &lo, &hi);
             if (lo >= hi)
                 break;
+            if (!page_open(scans[i].s, k, hi))
+                continue;
             for (size_t j = i + 1, probes = 0; j < m && probes < MESH_PROBES; j++) {
-                if (page_taken(scans[j].s, k))
+                if (!page_open(scans[j].s, k, hi))
                     continue;
                 probes++;
                 if (!pages_disjoint(&scans[i], &scans[j], lo, hi))
                     continue;
-                if (pairs_now >= max_pairs || !mesh_pair(&scans[i], &scans[j], k))
-                    stop = true;
-                else
-                    meshed++;
+                bool done = pairs_now < max_pairs && mesh_pair(&scans[i], &scans[j], k);
+                meshed += done;
+                stop = !done || (deadline_ns && os_now_ns() > deadline_ns);
                 break;
             }
         }
@@ -580,7 +645,7 @@ static void give_back_slots(slab_t *p, unsigned k)
         unsigned first = (unsigned)((size_t)i * bs / MESH_PAGE), last = (unsigned)(((size_t)i * bs + bs - 1) / MESH_PAGE);
         for (unsigned j = first; j <= last && j < MESH_PAGES; j++) {
             slab_t *q = j == k ? NULL : r->page[j].partner;
-            if (q && !reserved(q->mesh, i))
+            if ((q && !reserved(q->mesh, i)) || (j != k && r->page[j].vacant))
                 still = true;
         }
         if (still)
@@ -613,7 +678,11 @@ void mesh_dissolve(slab_t *s)
         } else if (pg->file_page) {
             file_page_put(pg->file_page - 1);
         }
-        *pg = (mesh_page_t){NULL, 0};
+        if (pg->vacant) {
+            atomic_fetch_sub_explicit(&vacant_pages, 1, memory_order_relaxed);
+            atomic_fetch_sub_explicit(&stat_pages_now, 1, memory_order_relaxed);
+        }
+        *pg = (mesh_page_t){NULL, 0, false};
     }
     rec_free(r);
     set_owner_flag(s, false);
@@ -623,6 +692,30 @@ void mesh_dissolve(slab_t *s)
     s->carved_end = s->start;
     os_purge(s->start, (size_t)s->span * SLAB_PAGE_SIZE);
     pthread_mutex_unlock(&mesh_lock);
+}
+
+bool mesh_has_vacant(void) { return atomic_load_explicit(&vacant_pages, memory_order_relaxed) != 0; }
+
+uint32_t mesh_unvacate(slab_t *s)
+{
+    mesh_rec_t *r = s->mesh;
+    if (!r)
+        return 0;
+    pthread_mutex_lock(&mesh_lock);
+    uint32_t used = s->used;
+    for (unsigned k = 0; k < MESH_PAGES; k++)
+        if (r->page[k].vacant) {
+            r->page[k].vacant = false;
+            give_back_slots(s, k);
+            atomic_fetch_sub_explicit(&vacant_pages, 1, memory_order_relaxed);
+            atomic_fetch_sub_explicit(&stat_pages_now, 1, memory_order_relaxed);
+        }
+    uint32_t given = used - s->used;
+    rec_drop_unused(s);
+    if (!s->mesh)
+        set_owner_flag(s, false);
+    pthread_mutex_unlock(&mesh_lock);
+    return given;
 }
 
 /* ---- fork ----------------------------------------------------------------------- */
@@ -687,6 +780,8 @@ void mesh_fork_child(void)
     mesh_close();
     file_pages_used = 0;
     free_file_count = 0;
-    atomic_store_explicit(&stat_pages_now, 0, memory_order_relaxed);
+    /* What the child gives back now: its vacant pages, none shared. */
+    atomic_store_explicit(&stat_pages_now, atomic_load_explicit(&vacant_pages, memory_order_relaxed),
+                          memory_order_relaxed);
     pthread_mutex_unlock(&mesh_lock);
 }

@@ -32,14 +32,22 @@ bool mesh_slot_reserved(const slab_t *s, const void *b);
 uint32_t mesh_reserved(const slab_t *s);
 
 /* Mesh what it can among n slabs of one tiny class that the caller owns,
- * each with its exact lists (no cached blocks, remote frees drained);
- * returns the pages given back. */
-size_t mesh_slabs(slab_t *const *slabs, size_t n);
+ * each with its exact lists (none of its blocks in a cache), until
+ * os_now_ns() passes deadline_ns (0: no deadline); returns the pages
+ * given back. */
+size_t mesh_slabs(slab_t *const *slabs, size_t n, uint64_t deadline_ns);
 
 /* s, meshed, holds no live block of its own: its meshed pages go back to
  * being its own (and its partners' slots there to them), and it is left
  * empty with nothing carved, its pages purged. */
 void mesh_dissolve(slab_t *s);
+
+/* Whether some slab has pages meshing found with no live block and gave
+ * back (their slots reserved); and s's such pages made its own again,
+ * their slots on its list: how many. For a refill that would otherwise
+ * take a new slab. */
+bool mesh_has_vacant(void);
+uint32_t mesh_unvacate(slab_t *s);
 
 void mesh_fork_prepare(void);
 void mesh_fork_parent(void);

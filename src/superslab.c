@@ -431,6 +431,15 @@ void superslab_unmap_pool(void)
     pthread_mutex_unlock(&ss_lock);
 }
 
+/* The blocks of s off its lists but its meshed partners' slots, which it
+ * counts as used and never hands out (read racily: a meshing record is
+ * never unmapped). */
+static HAK_RACY_READS uint32_t slab_handed_out(const slab_t *s)
+{
+    uint32_t used = s->used, reserved = mesh_reserved(s);
+    return used > reserved ? used - reserved : 0;
+}
+
 HAK_RACY_READS void superslab_stats(size_t *superslabs, size_t *empty, size_t slabs[2], size_t bytes[2])
 {
     pthread_mutex_lock(&ss_lock);
@@ -444,7 +453,7 @@ HAK_RACY_READS void superslab_stats(size_t *superslabs, size_t *empty, size_t sl
                 continue;
             unsigned tier = class_is_tiny(s->class_idx) ? 0 : 1;
             slabs[tier]++;
-            bytes[tier] += (size_t)s->used * s->block_size;
+            bytes[tier] += (size_t)slab_handed_out(s) * s->block_size;
         }
     }
     pthread_mutex_unlock(&ss_lock);
@@ -458,7 +467,7 @@ HAK_RACY_READS size_t superslab_class_bytes(unsigned c)
     for (superslab_t *ss = ss_registry; ss; ss = ss->next)
         for (unsigned i = 0; i < SS_MAX_SPAN; i++)
             if (ss->slabs[i].in_use && ss->slabs[i].class_idx == c)
-                bytes += (size_t)ss->slabs[i].used * ss->slabs[i].block_size;
+                bytes += (size_t)slab_handed_out(&ss->slabs[i]) * ss->slabs[i].block_size;
     pthread_mutex_unlock(&ss_lock);
     return bytes;
 }

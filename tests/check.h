@@ -187,6 +187,19 @@ static inline bool arena_pools_on(void)
     return v && strtoull(v, NULL, 10) > 0; /* "0K" is off as "0" is */
 }
 
+/* Under HAKMEM_MESH=stress (ctest's mesh_* runs of the thread, fork and
+ * soak tests) the run must have meshed, where the system lets hakmem
+ * mesh at all (not under qemu, which has no userfaultfd). */
+static inline void check_meshed_under_stress(void)
+{
+    const char *mode = getenv("HAKMEM_MESH");
+    if (!mode || strcmp(mode, "stress") != 0)
+        return;
+    hak_stats_t s;
+    hak_stats_get(&s);
+    CHECK(!s.meshing || s.mesh_pages_ever > 0);
+}
+
 static inline int check_summary(const char *name)
 {
     printf("%s: %d passed, %d failed\n", name, checks_passed, checks_failed);

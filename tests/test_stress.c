@@ -293,6 +293,7 @@ static int stress(double seconds, unsigned threads)
            (unsigned long long)atomic_load(&ops_done), lives, threads, now_s() - start);
     CHECK(atomic_load(&bad_blocks) == 0);
     CHECK(atomic_load(&foreign_blocks) == 0);
+    check_meshed_under_stress();
     return check_summary("test_stress stress");
 }
 
@@ -352,6 +353,7 @@ static int soak(double seconds, unsigned threads)
     CHECK(rise <= 0.25);
     CHECK(atomic_load(&bad_blocks) == 0);
     CHECK(atomic_load(&foreign_blocks) == 0);
+    check_meshed_under_stress();
     return check_summary("test_stress soak");
 }
 
@@ -450,6 +452,7 @@ static int fork_test(unsigned forks)
     CHECK(failed == 0);
     CHECK(atomic_load(&bad_blocks) == 0);
     CHECK(atomic_load(&foreign_blocks) == 0);
+    check_meshed_under_stress();
     return check_summary("test_stress fork");
 }
 

@@ -1264,5 +1264,6 @@ int main(int argc, char **argv)
 #ifndef __SANITIZE_THREAD__ /* TSan does not support threads started in a forked child */
     test_fork();
 #endif
+    check_meshed_under_stress();
     return check_summary("test_threads");
 }
