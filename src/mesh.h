@@ -1,8 +1,10 @@
 /* Layer 5, meshing (mesh.c): two tiny slabs of one class whose live
  * blocks on a 4 KiB page at the same offset do not overlap share one
  * physical page, so that memory follows live data without moving a
- * pointer (after Mesh, PLDI 2019). The owner meshes its own slabs
- * (hak_collect, malloc_trim); docs/architecture.md, "Meshing". */
+ * pointer (after Mesh, PLDI 2019), and pages with no live block go back
+ * alone. The owner meshes its own slabs (hak_collect, malloc_trim, a
+ * refill that would grow the heap: heap.c); docs/architecture.md,
+ * "Meshing". */
 #ifndef HAKMEM_MESH_H
 #define HAKMEM_MESH_H
 
