@@ -36,7 +36,7 @@ CMAKE_ARGS_musl = -DCMAKE_BUILD_TYPE=Release -DCMAKE_C_COMPILER=musl-gcc -DHAKME
 # their thread's work themselves. Left out there: what measures the
 # process's resident memory or the purger thread (qemu's own memory and
 # threads are the process's: release_*, arena_lazyfree, memory_limit, oom,
-# soak), shell-script tests that run the programs natively (options,
+# soak_short, mesh_soak), shell-script tests that run the programs natively (options,
 # launcher, install, misuse), the latency percentiles (qemu's virtual counter
 # ticks too coarsely for a malloc: profile, profile_sample_starting_purger),
 # the online tuner's run (it learns from the latency and faults it measures,
@@ -48,7 +48,7 @@ CMAKE_ARGS_aarch64 = -DCMAKE_BUILD_TYPE=Release -DCMAKE_SYSTEM_NAME=Linux -DCMAK
   -DCMAKE_C_COMPILER=aarch64-linux-gnu-gcc -DCMAKE_CXX_COMPILER=aarch64-linux-gnu-g++ -DHAKMEM_BUILD_BENCH=OFF \
   -DHAKMEM_PAGE_SIZE=65536 \
   "-DCMAKE_CROSSCOMPILING_EMULATOR=$(subst $(eval) ,;,$(AARCH64_EMULATOR))"
-AARCH64_NOT_EMULATED = ^(release_.*|address_space|secure_address_space|arena_lazyfree|memory_limit|oom|memcheck_oom|soak_short|options|launcher|install|profile|profile_sample_starting_purger|tuner_evolving|memcheck_.*|locked_instructions|secure_locked_instructions|fuzz_short|real_programs|secure_real_programs|misuse|secure_misuse)$$
+AARCH64_NOT_EMULATED = ^(release_.*|address_space|secure_address_space|arena_lazyfree|memory_limit|oom|memcheck_oom|soak_short|mesh_soak|options|launcher|install|profile|profile_sample_starting_purger|tuner_evolving|memcheck_.*|locked_instructions|secure_locked_instructions|fuzz_short|real_programs|secure_real_programs|misuse|secure_misuse)$$
 
 MULTIARCH := $(shell gcc -print-multiarch 2>/dev/null)
 build/musl/Makefile: build/musl-include/linux
