@@ -451,8 +451,7 @@ void heap_free_meshed(slab_t *s, void *block)
     block_link(block, s->free);
     s->free = block;
     s->used--;
-    if (s->used == mesh_reserved(s)) {
-        mesh_dissolve(s);
+    if (s->used == mesh_reserved(s)) { /* the release dissolves it */
         heap_unlink_slab(heap, s);
         superslab_slab_release(heap, s);
     }
@@ -681,8 +680,7 @@ static void heap_mesh_class(heap_t *heap, unsigned c, uint64_t deadline_ns)
     for (size_t i = 0; i < n; i++) {
         slab_t *s = batch[i];
         if (s->mesh && s->used == mesh_reserved(s) && !atomic_load_explicit(&s->remote, memory_order_acquire)) {
-            mesh_dissolve(s);
-            heap_unlink_slab(heap, s);
+            heap_unlink_slab(heap, s); /* the release dissolves it */
             superslab_slab_release(heap, s);
         } else {
             batch[kept++] = s;
