@@ -222,6 +222,8 @@ static HAK_NOINLINE void *hak_alloc_above_front(size_t size, uintptr_t site)
  * keeps it off them. */
 void *hak_alloc_slow_size(size_t size, uintptr_t site)
 {
+    if (size <= TINY_MAX - BLOCK_CANARY) /* 0, which hak_alloc sends here */
+        return hak_alloc_class(slab_class_for(size), size, site);
     if (size <= LARGE_THRESHOLD_MIN)
         return hak_alloc_front(size, site);
     return hak_alloc_above_front(size, site);
@@ -254,7 +256,7 @@ void hak_free_slow(void *p, const char *op)
         HAK_COUNT(heap_get(), free_large);
         large_free(p, op);
     } else if (kind == SEG_SUPERSLAB)
-        hak_free_irregular(slab_of(superslab_of(p), p), p, op);
+        hak_free_irregular(slab_of(p), p, op);
     else if (kind == SEG_SAMPLED)
         sample_free(p, op);
     else
@@ -426,7 +428,7 @@ size_t hak_usable_size_checked(const void *p, const char *op)
 {
     unsigned kind = segmap_kind(p);
     if (kind == SEG_SUPERSLAB) {
-        slab_t *s = slab_of(superslab_of(p), p);
+        slab_t *s = slab_of(p);
         char *block = slab_block_checked(s, (void *)p, op);
         if (!block)
             return 0;
@@ -542,7 +544,7 @@ void *hak_alloc_aligned(size_t align, size_t size, uintptr_t site)
                 return NULL;
             char *aligned = (char *)(((uintptr_t)b + align - 1) & ~(uintptr_t)(align - 1));
             if (aligned != b)
-                heap_slab_mark_aligned(slab_of(superslab_of(b), b));
+                heap_slab_mark_aligned(slab_of(b));
             return aligned;
         }
     }

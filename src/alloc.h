@@ -12,7 +12,7 @@
  *         slab_take_list / heap_alloc_refill    the current slab's list; else
  *                                               carve, remote frees, another
  *                                               slab, an orphan, a new slab
- *   hak_alloc_slow_size                         alloc.c: above 1 KiB
+ *   hak_alloc_slow_size                         alloc.c: above 1 KiB, or 0
  *     hak_alloc_front                           up to 64 KiB: mid_front_pop*
  *                                               (a stash or an arena bin),
  *                                               else the slab path or
@@ -22,7 +22,8 @@
  *                                               large_alloc (BigCache first)
  *
  * free(p)                                       override.c
- *   hak_free_checked*           segmap_kind*: which tier, or not hakmem's
+ *   hak_free_checked*           segmap_entry*: the slab, or which tier,
+ *                                               or not hakmem's
  *     push onto the slab's list                 the owner's block, not the
  *                                               last one in use
  *     heap_free_last_block                      heap.c: the slab empties
@@ -70,7 +71,7 @@ void hak_free_irregular(slab_t *s, void *p, const char *op);
  * and 1 KiB unchanged; prefetching only a next block in another line won
  * 1.08 on lifo), for an instruction a pair (bench_pair 74.85 -> 75.85,
  * measured at fd20e5b). c is the class of the cache. */
-static inline void *cache_next(heap_t *heap, unsigned c, const void *b)
+static inline void *cache_next(heap_t *heap, size_t c, const void *b)
 {
     void *next;
     if (!HAK_SECURE) {
@@ -108,7 +109,7 @@ static inline bool sample_countdown(heap_t *heap, size_t size)
  * allocation that takes the thread's countdown of bytes to zero or below
  * is a sample (sample.c). size and site are what
  * the program asked for and where from (site 0: never tracked). */
-static inline void *hak_alloc_from(heap_t *heap, unsigned c, size_t size, uintptr_t site)
+static inline void *hak_alloc_from(heap_t *heap, size_t c, size_t size, uintptr_t site)
 {
     void *b = heap->cache[c];
     if (likely(b != NULL)) {
@@ -121,7 +122,7 @@ static inline void *hak_alloc_from(heap_t *heap, unsigned c, size_t size, uintpt
     return heap_alloc_slow(heap, c, size, site);
 }
 
-static inline void *hak_alloc_class(unsigned c, size_t size, uintptr_t site)
+static inline void *hak_alloc_class(size_t c, size_t size, uintptr_t site)
 {
     return hak_alloc_from(heap_get(), c, size, site);
 }
@@ -133,20 +134,53 @@ static inline void *hak_alloc_class(unsigned c, size_t size, uintptr_t site)
 /* The alignments aligned_alloc, posix_memalign and aligned new accept. */
 static inline bool is_power_of_two(size_t x) { return x && !(x & (x - 1)); }
 
+/* A tiny class is 16 B more than the one before it: the default build's
+ * request of 1..TINY_MAX bytes takes class (size - 1) / 16, and one compare
+ * sends 0 with the larger sizes to hak_alloc_slow_size (the table's
+ * address and load, and a class as unsigned, widened for the index, cost
+ * 3 instructions a malloc: bench_pair 71.87 -> 68.87). The hardened
+ * build's canary moves its requests up a class but never into the 16-byte
+ * one (hak_tiny_class_of). */
 static inline void *hak_alloc(size_t size, uintptr_t site)
 {
-    if (likely(size <= TINY_MAX - BLOCK_CANARY))
-        return hak_alloc_class(hak_tiny_class_of[(size + BLOCK_CANARY + 15) >> 4], size, site);
+    if (HAK_SECURE) {
+        if (likely(size <= TINY_MAX - BLOCK_CANARY))
+            return hak_alloc_class(hak_tiny_class_of[(size + BLOCK_CANARY + 15) >> 4], size, site);
+    } else if (likely(size - 1 < TINY_MAX)) {
+        return hak_alloc_class((size - 1) >> 4, size, site);
+    }
     return hak_alloc_slow_size(size, site);
 }
 
 /* p starts a block of s that was handed out and is not marked free: on a
  * block boundary and carved. The owner's frees check this much on the
  * fast path. */
-static inline bool slab_block_unfreed(const slab_t *s, const void *p)
+static inline bool slab_block_unfreed_with(const slab_t *s, const void *p, block_keys_t keys)
 {
     uint64_t offset_times_recip = (uint64_t)((const char *)p - s->start) * s->recip;
-    return !(offset_times_recip & RECIP_REMAINDER_BITS) && (const char *)p < s->carved_end && !block_is_free(p);
+    return !(offset_times_recip & RECIP_REMAINDER_BITS) && (const char *)p < s->carved_end &&
+           !block_is_free_with(p, keys);
+}
+
+static inline bool slab_block_unfreed(const slab_t *s, const void *p)
+{
+    return slab_block_unfreed_with(s, p, block_keys(p));
+}
+
+/* One block fewer in use in s, true if some are left; else (the count was
+ * 1, or 0 and a double free) false, with the count one below what it
+ * was. One subtraction from memory and a branch on its flags: as C, GCC
+ * loads, compares, subtracts and stores (bench_pair 68.87 -> 65.89, with
+ * the free's keys read once before it). */
+static inline bool slab_used_drop(slab_t *s)
+{
+#if defined(__x86_64__)
+    bool above_zero;
+    __asm__("subl $1, %0" : "+m"(s->used), "=@cca"(above_zero));
+    return above_zero;
+#else
+    return s->used-- > 1;
+#endif
 }
 
 /* The same, and the slab counts blocks in use (a stashed block stays
@@ -203,8 +237,8 @@ void hak_free_stashed_or_irregular(slab_t *s, void *p, const char *op);
 /* Free: a block of the page arenas goes to the thread's front
  * (arena_front_free; through hak_free_slow's dispatch, json's 64 KiB
  * pair took 17 instructions more), anything else outside the SuperSlabs
- * to hak_free_slow. Else mask to the SuperSlab, look up the slab, and if
- * the caller owns it with no flag set, push the block onto the slab's
+ * to hak_free_slow. Else the map's entry is the slab, and if the caller
+ * owns it with no flag set, push the block onto the slab's
  * free list; the slab's last block goes to heap_free_last_block, checked
  * as the others (a loop that takes and frees one mid block, battle json,
  * went through hak_free_irregular's checks a second time: 42
@@ -217,27 +251,26 @@ void hak_free_stashed_or_irregular(slab_t *s, void *p, const char *op);
  * in the hardened build) goes to hak_free_irregular, which also reports. */
 static inline void hak_free_checked(void *p, const char *op)
 {
-    unsigned kind = segmap_kind(p);
-    if (unlikely(kind != SEG_SUPERSLAB)) {
-        if (kind == SEG_ARENA)
+    uintptr_t entry = segmap_entry(p);
+    if (unlikely(entry <= SEG_KIND_MAX)) {
+        if (entry == SEG_ARENA)
             arena_front_free(p, op);
         else
             hak_free_slow(p, op);
         return;
     }
-    slab_t *s = slab_of(superslab_of(p), p);
+    slab_t *s = (slab_t *)entry;
     heap_t *heap = heap_get();
     if (likely(atomic_load_explicit(&s->owner, memory_order_relaxed) == (uintptr_t)heap)) {
-        uint32_t used = s->used;
-        if (likely(slab_block_unfreed(s, p)) && (!HAK_SECURE || likely(block_canaries_plain(s, p)))) {
-            if (likely(used > 1)) {
+        block_keys_t keys = block_keys(p); /* read once: slab_used_drop's store may alias them */
+        if (likely(slab_block_unfreed_with(s, p, keys)) && (!HAK_SECURE || likely(block_canaries_plain(s, p)))) {
+            if (likely(slab_used_drop(s))) {
                 HAK_COUNT(heap, free_local);
-                block_link(p, s->free);
+                block_link_with(p, s->free, keys);
                 s->free = p;
-                s->used = used - 1;
                 return;
             }
-            if (used == 1) { /* the slab empties */
+            if (++s->used == 1) { /* the slab empties */
                 HAK_COUNT(heap, free_local_slow);
                 heap_free_last_block(s, p);
                 return;

@@ -14,6 +14,10 @@
 #define likely(x) __builtin_expect(!!(x), 1)
 #define unlikely(x) __builtin_expect(!!(x), 0)
 #define HAK_EXPORT __attribute__((visibility("default")))
+/* On the declaration of a global the fast paths read: the compiler then
+ * reads it where it lies, not through the global offset table (which the
+ * linker turns into a lea and a load, an instruction more). */
+#define HAK_INTERNAL __attribute__((visibility("hidden")))
 #define HAK_NOINLINE __attribute__((noinline))
 /* The statistics read other threads' slab fields without those threads'
  * order (figures a moment old, as hak_stats_get says): ThreadSanitizer is

@@ -12,8 +12,8 @@
 /* ---- Block links and the free mark ------------------------------------ */
 
 /* A block not handed out holds the link to the next one in its first word
- * and a mark in its second (blocks are 16 B at least): its SuperSlab's
- * random mark secret xor its own address. Handing a block out clears the
+ * and a mark in its second (blocks are 16 B at least): the random mark
+ * secret (hak_mark_key) xor its own address. Handing a block out clears the
  * mark, so that every free tells a free block from a live one: a double
  * free is caught however late it comes and from whichever thread (a live
  * block holds its mark by chance once in 2^64, and a copy of a freed
@@ -29,7 +29,7 @@ typedef struct block_keys {
 static inline block_keys_t block_keys(const void *b)
 {
     const superslab_t *ss = superslab_of(b);
-    return (block_keys_t){HAK_SECURE ? ss->link_secret : 0, ss->mark_secret};
+    return (block_keys_t){HAK_SECURE ? ss->link_secret : 0, hak_mark_key.secret};
 }
 
 /* Hardened: the stored link of b xor its SuperSlab's secret, which is the
@@ -59,11 +59,13 @@ static inline void block_link_with(void *b, void *next, block_keys_t keys)
 
 static inline void block_link(void *b, void *next) { block_link_with(b, next, block_keys(b)); }
 
-/* b is on a list or in a cache. */
-static inline bool block_is_free(const void *b)
+/* b is on a list or in a cache; with the keys of b's SuperSlab. */
+static inline bool block_is_free_with(const void *b, block_keys_t keys)
 {
-    return ((const uintptr_t *)b)[1] == (block_keys(b).mark ^ (uintptr_t)b);
+    return ((const uintptr_t *)b)[1] == (keys.mark ^ (uintptr_t)b);
 }
+
+static inline bool block_is_free(const void *b) { return block_is_free_with(b, block_keys(b)); }
 
 static inline void block_handed_out(void *b) { ((uintptr_t *)b)[1] = 0; }
 

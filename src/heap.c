@@ -340,7 +340,7 @@ static bool heap_return_stash(heap_t *heap, unsigned c)
     for (uintptr_t head = *stash; head;) {
         void *b = front_first(head);
         head = (uintptr_t)block_next(b);
-        slab_t *s = slab_of(superslab_of(b), b);
+        slab_t *s = slab_of(b);
         hak_assert(s->class_idx == c && s->used > 0);
         block_link(b, s->free);
         s->free = b;

@@ -84,7 +84,10 @@ void hak_init_slow(void)
          * after heaps_lock, the order of the purger's flush of the fronts
          * (heaps_flush_mid, then arena_free). Meshing's prepare runs
          * last, every other lock held: it write-protects the meshed pages,
-         * and a thread that waits on one must hold none of them. */
+         * and a thread that waits on one must hold none of them; but for
+         * the segment map's, which no thread holds while it writes a
+         * block, and which every other lock may be held to take. */
+        pthread_atfork(segmap_fork_prepare, segmap_fork_parent, segmap_fork_child);
         pthread_atfork(mesh_fork_prepare, mesh_fork_parent, mesh_fork_child);
         pthread_atfork(arena_fork_prepare, arena_fork_parent, arena_fork_child);
         heaps_fork_init();

@@ -26,17 +26,21 @@ typedef struct heap heap_t; /* heap.h */
 /* The address space hakmem can map: x86-64's user space has 47 bits (the
  * kernel maps above only where a program asks, even with 5-level tables),
  * aarch64's 48 with 4-level tables. The segment map (segmap.c) has one
- * byte per 2 MiB chunk of it, in leaves of 64 KiB (128 GiB of address
- * space each) that a table of one word per leaf points to. */
+ * word per 64 KiB of it, in leaves of 512 KiB (4 GiB of address space
+ * each) that a table of one word per leaf points to. */
 #ifdef __x86_64__
 #define ADDRESS_BITS 47
 #else
 #define ADDRESS_BITS 48
 #endif
-#define SEGMAP_LEAF_SHIFT 16
-#define SEGMAP_LEAF_ENTRIES ((size_t)1 << SEGMAP_LEAF_SHIFT)
-#define SEGMAP_LEAVES ((size_t)1 << (ADDRESS_BITS - SS_SHIFT - SEGMAP_LEAF_SHIFT))
+#define SEGMAP_ENTRY_SHIFT 16 /* a word per slab page */
+#define SEGMAP_LEAF_SHIFT 32  /* the address space a leaf covers */
+#define SEGMAP_LEAF_ENTRIES ((size_t)1 << (SEGMAP_LEAF_SHIFT - SEGMAP_ENTRY_SHIFT))
+#define SEGMAP_LEAVES ((size_t)1 << (ADDRESS_BITS - SEGMAP_LEAF_SHIFT))
 
+/* What the segment map says of a 2 MiB chunk. A SuperSlab's entries are
+ * its pages' slab descriptors (segmap_slab), never SEG_SUPERSLAB itself;
+ * every other kind is the entry of each 64 KiB of its chunks. */
 enum seg_kind {
     SEG_NONE = 0,           /* not hakmem's */
     SEG_SUPERSLAB = 1,      /* a SuperSlab header is at the chunk start */
@@ -44,6 +48,7 @@ enum seg_kind {
     SEG_LARGE_INTERIOR = 3, /* inside a large mapping; header in an earlier chunk */
     SEG_SAMPLED = 4,        /* a chunk of the sample arena (sample.c) */
     SEG_ARENA = 5,          /* a chunk of a page arena (arena.c): the header is at the arena's start */
+    SEG_KIND_MAX = SEG_ARENA,
 };
 
 /* ---- Size classes ------------------------------------------------------ */
@@ -58,6 +63,7 @@ enum seg_kind {
  * on bench rss-time (measured at f3e89a1). */
 #define TINY_MAX 1024
 #define TINY_CLASSES 64
+_Static_assert(TINY_MAX == 16 * TINY_CLASSES, "a tiny class every 16 B (hak_alloc)");
 #define MID_CLASSES_PER_DOUBLING 8
 #define MID_MIN_SHIFT 10 /* 1 KiB */
 #define MID_MAX_SHIFT 14 /* 16 KiB */
@@ -195,24 +201,24 @@ static inline struct heap *slab_owner_heap(uintptr_t owner)
 }
 
 /* The header page: descriptors for the 31 data pages of a SuperSlab
- * (indexed by head page - 1) and, per page, the slab that covers it. A
- * page outside any slab maps to hak_no_slab, whose owner matches no heap.
+ * (indexed by head page - 1). The segment map names the slab that covers
+ * each page (slab_of); a page outside any slab maps to hak_no_slab, whose
+ * owner matches no heap.
  * The owning heap alone changes free_pages and the slabs; the purger only
  * purges dirty pages; the page lock orders the two. */
 typedef struct superslab {
     /* The first line of a page is where a program's page-strided writes
      * land (one byte per page of a page-aligned buffer: all in one L1
      * set, which they flush): only fields the fast paths never read live
-     * in it. Reading mark_secret from it cost battle json an L1 miss per
-     * free. */
+     * in it. Reading the free mark's secret from it cost battle json an L1
+     * miss per free. */
     uint32_t magic;
     uint8_t bin;              /* the owner's bin it is in: its longest run of free pages */
     uint64_t dirty_since_ms;  /* when the oldest unpurged page was freed (page lock) */
     uint64_t empty_since_ms;  /* when it went to the pool */
     struct superslab *next, *prev;   /* registry of every SuperSlab, under ss_lock */
     struct superslab *hnext, *hprev; /* the owner's bin of SuperSlabs, or the pool */
-    _Alignas(64) uint64_t mark_secret; /* random: keys the free mark of its blocks */
-    uint64_t link_secret;     /* random: keys the block links of HAKMEM_SECURE */
+    _Alignas(64) uint64_t link_secret; /* random: keys the block links of HAKMEM_SECURE */
     uint64_t canary_secret;   /* random: keys the block canaries of HAKMEM_SECURE */
     uint32_t free_pages;      /* bit i: data page i belongs to no slab (owner writes) */
     uint32_t dirty_pages;     /* free pages touched since they were last purged (page lock) */
@@ -220,7 +226,6 @@ typedef struct superslab {
                                  opens when a slab first takes it (page lock) */
     _Atomic int pages_lock;
     struct heap *heap;        /* owner, or NULL in the pool */
-    slab_t *page_slab[SS_PAGES];     /* the slab covering page i */
     slab_t slabs[SS_MAX_SPAN];       /* slabs[i - 1]: the slab whose head is page i */
 } superslab_t;
 
@@ -228,16 +233,17 @@ _Static_assert(sizeof(superslab_t) <= SLAB_PAGE_SIZE / 2, "the header page holds
 
 extern slab_t hak_no_slab;
 
+/* The key of the free mark (block.h), random, drawn when the first
+ * SuperSlab is mapped: one for every block, so that the free fast path
+ * reads it without finding the SuperSlab. Every free reads it: alone in
+ * its line, which nothing writes. */
+extern HAK_INTERNAL struct mark_key {
+    _Alignas(64) uint64_t secret;
+} hak_mark_key;
+
 static inline superslab_t *superslab_of(const void *p)
 {
     return (superslab_t *)((uintptr_t)p & ~(uintptr_t)SS_MASK);
-}
-
-/* The slab descriptor covering p: hak_no_slab when p lies in the header
- * page or in free pages. */
-static inline slab_t *slab_of(superslab_t *ss, const void *p)
-{
-    return ss->page_slab[((uintptr_t)p & SS_MASK) >> SLAB_PAGE_SHIFT];
 }
 
 static inline unsigned slab_head_page(const slab_t *s)
@@ -251,30 +257,58 @@ static inline uint32_t slab_block_index(const slab_t *s, const void *p)
     uint64_t off = (uint64_t)((const char *)p - s->start);
     return (uint32_t)((off * s->recip) >> RECIP_SHIFT);
 }
+
 /* ---- Segment map ------------------------------------------------------- */
 
-/* Word i is the address of the leaf for chunks i << SEGMAP_LEAF_SHIFT
- * on, less that chunk number, so the chunk number indexes it; a leaf of
- * zeros until hakmem maps memory in its range. Statically initialised:
- * read before init as after. */
+/* Word i is the address of the leaf for the 4 GiB from i <<
+ * SEGMAP_LEAF_SHIFT, less that range's first entry number, so that the
+ * entry number p >> SEGMAP_ENTRY_SHIFT indexes it; 0 where hakmem has
+ * mapped nothing in the range (no leaf). In .bss: read before init as
+ * after. */
 extern _Atomic uintptr_t hak_segmap[SEGMAP_LEAVES];
 
-static inline unsigned segmap_kind(const void *p)
+/* The entry of p's 64 KiB: a kind of enum seg_kind up to SEG_KIND_MAX, or
+ * in a SuperSlab, the slab descriptor of the page (segmap_slab). */
+static inline uintptr_t segmap_entry(const void *p)
 {
-    uintptr_t leaf = (uintptr_t)p >> (SS_SHIFT + SEGMAP_LEAF_SHIFT);
+    uintptr_t leaf = (uintptr_t)p >> SEGMAP_LEAF_SHIFT;
     if (unlikely(leaf >= SEGMAP_LEAVES))
         return SEG_NONE;
     uintptr_t entries = atomic_load_explicit(&hak_segmap[leaf], memory_order_relaxed);
-    return atomic_load_explicit((_Atomic(uint8_t) *)(entries + ((uintptr_t)p >> SS_SHIFT)), memory_order_relaxed);
+    if (unlikely(!entries))
+        return SEG_NONE;
+    uintptr_t at = entries + ((uintptr_t)p >> SEGMAP_ENTRY_SHIFT) * sizeof(uintptr_t);
+    return atomic_load_explicit((_Atomic uintptr_t *)at, memory_order_relaxed);
 }
+
+static inline unsigned segmap_kind(const void *p)
+{
+    uintptr_t e = segmap_entry(p);
+    return e > SEG_KIND_MAX ? SEG_SUPERSLAB : (unsigned)e;
+}
+
+/* The slab descriptor covering p, inside a SuperSlab: hak_no_slab when p
+ * lies in the header page or in free pages. */
+static inline slab_t *slab_of(const void *p) { return (slab_t *)segmap_entry(p); }
 
 /* Map the leaves for [start, start + size): false, errno ENOMEM, where
  * the kernel refuses a leaf. Every mapping hakmem marks is covered first;
  * the setters below then cannot fail. */
 bool segmap_cover(const void *start, size_t size);
+/* Mark the 2 MiB chunks from chunk: segmap_set the first head_kind and the
+ * others SEG_LARGE_INTERIOR, segmap_set_all each kind, segmap_clear each
+ * SEG_NONE. */
 void segmap_set(void *chunk, size_t size, unsigned head_kind);
 void segmap_set_all(void *chunk, size_t size, unsigned kind);
 void segmap_clear(void *chunk, size_t size);
+/* A new SuperSlab: its pages are covered by no_slab (&hak_no_slab). */
+void segmap_set_superslab(superslab_t *ss, slab_t *no_slab);
+/* Pages [page, page + span) of ss, a mapped SuperSlab, are covered by s
+ * (&hak_no_slab: by no slab). */
+void segmap_set_slab(superslab_t *ss, unsigned page, unsigned span, slab_t *s);
+void segmap_fork_prepare(void);
+void segmap_fork_parent(void);
+void segmap_fork_child(void);
 
 /* The page arenas (arena.c): 64 MiB arenas, aligned to their size, of
  * 4 KiB pages (whatever the system's page size, which must divide it). */

@@ -255,7 +255,7 @@ HAK_EXPORT bool hak_owns(const void *p)
 {
     unsigned kind = segmap_kind(p);
     if (kind == SEG_SUPERSLAB) {
-        slab_t *s = slab_of(superslab_of(p), p);
+        slab_t *s = slab_of(p);
         return s->in_use && slab_block_index(s, p) < slab_carved(s);
     }
     if (kind == SEG_LARGE_HEAD || kind == SEG_LARGE_INTERIOR) {

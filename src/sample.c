@@ -601,7 +601,7 @@ static void *sample_place(heap_t *heap, unsigned c, void *b, size_t size, uintpt
     }
     if (!tracked)
         return b;
-    if (!class_is_tiny(c) && slab_of(superslab_of(b), b) != heap->cur[c]) { /* b goes back where it came from */
+    if (!class_is_tiny(c) && slab_of(b) != heap->cur[c]) { /* b goes back where it came from */
         heap_stash_push(heap, c, b);
     } else {
         block_link(b, heap->cache[c]);

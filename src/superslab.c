@@ -74,7 +74,8 @@ static superslab_t *superslab_map_locked(void)
     if (ss_count < SS_SMALL_HEAP)
         os_advise_small_pages(ss, SS_SIZE);
     ss->magic = SS_MAGIC;
-    ss->mark_secret = os_random();
+    if (!hak_mark_key.secret)
+        hak_mark_key.secret = os_random() | 1;
     ss->link_secret = os_random();
     ss->canary_secret = HAK_SECURE ? canary_secret_of(os_random()) : 0;
     size_t page = os_page_size();
@@ -90,9 +91,7 @@ static superslab_t *superslab_map_locked(void)
      * first takes them: a stray write past the slabs in use faults. */
     bool closed = HAK_SECURE && os_protect((char *)ss + SLAB_PAGE_SIZE, SS_SIZE - SLAB_PAGE_SIZE, false);
     ss->open_pages = closed ? 0 : DATA_PAGES_MASK;
-    for (unsigned i = 0; i < SS_PAGES; i++)
-        ss->page_slab[i] = &hak_no_slab;
-    segmap_set(ss, SS_SIZE, SEG_SUPERSLAB);
+    segmap_set_superslab(ss, &hak_no_slab);
     ss->prev = NULL;
     ss->next = ss_registry;
     if (ss_registry)
@@ -332,11 +331,10 @@ slab_t *superslab_slab_acquire(heap_t *heap, unsigned c)
     pages_unlock(ss);
     heap_rebin_superslab(heap, ss);
     slab_t *s = &ss->slabs[page - SS_FIRST_DATA_PAGE];
-    for (unsigned i = 0; i < span; i++)
-        ss->page_slab[page + i] = s;
     s->span = (uint8_t)span;
     s->start = run;
     slab_format(s, heap, c);
+    segmap_set_slab(ss, page, span, s);
     return s;
 }
 
@@ -377,8 +375,7 @@ void superslab_slab_release(heap_t *heap, slab_t *s)
     hak_assert(s->used == 0 && atomic_load(&s->remote) == NULL && ss->heap == heap);
     atomic_store_explicit(&s->owner, 0, memory_order_relaxed);
     s->in_use = 0;
-    for (unsigned i = 0; i < s->span; i++)
-        ss->page_slab[page + i] = &hak_no_slab;
+    segmap_set_slab(ss, page, s->span, &hak_no_slab);
     bool dirtied = s->carved != 0;
     pages_lock(ss);
     if (dirtied) {
