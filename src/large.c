@@ -60,12 +60,25 @@ static uint64_t canary_secret;
 
 static uintptr_t *canary_of(const large_hdr_t *h) { return (uintptr_t *)(h->user - sizeof(uintptr_t)); }
 
-static uintptr_t canary_value(const large_hdr_t *h)
+/* Drawn once per process, by the first large block's thread. Two threads
+ * drawing at once must end with one secret: a store each, the first
+ * thread wrote its canary under the secret the second then replaced, and
+ * its block's free was reported as an underflow (test_unload under qemu,
+ * its two threads' first large blocks: 3 runs in 20). */
+static uint64_t large_canary_secret(void)
 {
-    if (!canary_secret) /* once per process, races give the same kind of value */
-        __atomic_store_n(&canary_secret, canary_secret_of(os_random()), __ATOMIC_RELAXED);
-    return canary_keyed(__atomic_load_n(&canary_secret, __ATOMIC_RELAXED), canary_of(h));
+    uint64_t secret = __atomic_load_n(&canary_secret, __ATOMIC_ACQUIRE);
+    if (!secret) {
+        uint64_t drawn = canary_secret_of(os_random()); /* never 0 */
+        secret = __atomic_compare_exchange_n(&canary_secret, &secret, drawn, false, __ATOMIC_ACQ_REL,
+                                             __ATOMIC_ACQUIRE)
+                     ? drawn
+                     : secret;
+    }
+    return secret;
 }
+
+static uintptr_t canary_value(const large_hdr_t *h) { return canary_keyed(large_canary_secret(), canary_of(h)); }
 
 static void canary_set(large_hdr_t *h)
 {

@@ -6,13 +6,16 @@
  * stays allocated; a write after free over a page arena block waiting in
  * the thread's front stops the malloc that takes it; a large block has a
  * guard page at each end and its pages are inaccessible while BigCache
- * keeps it; never-used pages of SuperSlabs and page arenas fault. The
- * faulting cases run in child processes. */
+ * keeps it; never-used pages of SuperSlabs and page arenas fault; the
+ * process's first large blocks, taken by threads at once, free cleanly
+ * (their canaries under one secret). The faulting cases run in child
+ * processes. */
 #define _GNU_SOURCE
 #include "check.h"
 #include "hakmem.h"
 
 #include <malloc.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -319,6 +322,52 @@ static void test_closed_pages(void)
     }
 }
 
+/* The large tier draws its canaries' secret at its first block: threads
+ * taking their first large blocks at once, each drawing, wrote canaries
+ * under secrets that the last draw replaced, and their frees were
+ * reported as writes before the block (an abort). Run first, before any
+ * large block of the process. */
+enum { FIRST_LARGE_THREADS = 8 };
+static pthread_barrier_t first_large_start;
+
+static void *first_large_block(void *arg)
+{
+    pthread_barrier_wait(&first_large_start);
+    char *p = malloc((size_t)4 << 20);
+    CHECK(p != NULL);
+    if (p)
+        p[0] = 1;
+    free(p); /* aborts on a canary drawn under another secret */
+    return arg;
+}
+
+static void first_large_blocks_at_once(void)
+{
+    pthread_t threads[FIRST_LARGE_THREADS];
+    pthread_barrier_init(&first_large_start, NULL, FIRST_LARGE_THREADS);
+    for (int i = 0; i < FIRST_LARGE_THREADS; i++)
+        CHECK(pthread_create(&threads[i], NULL, first_large_block, NULL) == 0);
+    for (int i = 0; i < FIRST_LARGE_THREADS; i++)
+        pthread_join(threads[i], NULL);
+    _exit(checks_failed ? 1 : 0);
+}
+
+/* In fresh children, each its process's first large blocks: the race
+ * is narrow (one thread's draw between another's draw and its canary). */
+static void test_first_large_blocks_at_once(void)
+{
+    enum { RUNS = 200 };
+    int clean = 0;
+    char message[512];
+    for (int run = 0; run < RUNS; run++) {
+        int status = in_child(first_large_blocks_at_once, message, sizeof message);
+        clean += WIFEXITED(status) && WEXITSTATUS(status) == 0;
+        if (!(WIFEXITED(status) && WEXITSTATUS(status) == 0) && clean == run)
+            fprintf(stderr, "test_secure: first large blocks: %s", message);
+    }
+    CHECK(clean == RUNS);
+}
+
 int main(int argc, char **argv)
 {
     if (argc == 2 && !strcmp(argv[1], "overflow-warned"))
@@ -330,6 +379,7 @@ int main(int argc, char **argv)
         fprintf(stderr, "test_secure: run with LD_PRELOAD=libhakmem-secure.so\n");
         return check_summary("test_secure");
     }
+    test_first_large_blocks_at_once();
     test_links_encoded();
     test_corrupt_link_stops();
     test_corrupt_cached_link_stops();
