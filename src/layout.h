@@ -39,7 +39,7 @@ typedef struct heap heap_t; /* heap.h */
 #define SEGMAP_LEAVES ((size_t)1 << (ADDRESS_BITS - SEGMAP_LEAF_SHIFT))
 
 /* What the segment map says of a 2 MiB chunk. A SuperSlab's entries are
- * its pages' slab descriptors (segmap_slab), never SEG_SUPERSLAB itself;
+ * its pages' slab descriptors (slab_of), never SEG_SUPERSLAB itself;
  * every other kind is the entry of each 64 KiB of its chunks. */
 enum seg_kind {
     SEG_NONE = 0,           /* not hakmem's */
@@ -268,7 +268,7 @@ static inline uint32_t slab_block_index(const slab_t *s, const void *p)
 extern _Atomic uintptr_t hak_segmap[SEGMAP_LEAVES];
 
 /* The entry of p's 64 KiB: a kind of enum seg_kind up to SEG_KIND_MAX, or
- * in a SuperSlab, the slab descriptor of the page (segmap_slab). */
+ * in a SuperSlab, the slab descriptor of the page (slab_of). */
 static inline uintptr_t segmap_entry(const void *p)
 {
     uintptr_t leaf = (uintptr_t)p >> SEGMAP_LEAF_SHIFT;
