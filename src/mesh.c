@@ -572,18 +572,18 @@ static void rebuild_list(const mesh_scan_t *sc)
     s->used = s->carved - n;
 }
 
-size_t mesh_slabs(slab_t *const *slabs, size_t n, uint64_t deadline_ns)
+void mesh_slabs(slab_t *const *slabs, size_t n, uint64_t deadline_ns)
 {
     if (!mesh_on || !n)
-        return 0;
+        return;
     pthread_mutex_lock(&mesh_lock);
     if (memfd < 0 && !mesh_open()) { /* a fork child's first pass */
         mesh_close();
         mesh_on = false;
         pthread_mutex_unlock(&mesh_lock);
-        return 0;
+        return;
     }
-    size_t m = 0, meshed = 0;
+    size_t m = 0;
     bool stop = false;
     for (size_t i = 0; i < n && m < MESH_PASS_SLABS && !stop; i++) {
         if (mesh_candidate(slabs[i]) && scan_slab(&scans[m], slabs[i]))
@@ -595,9 +595,7 @@ size_t mesh_slabs(slab_t *const *slabs, size_t n, uint64_t deadline_ns)
             uint32_t lo, hi;
             page_slots(scans[i].s, k, &lo, &hi);
             if (lo < hi && page_open(scans[i].s, k, hi) && !page_has_live(&scans[i], lo, hi)) {
-                bool done = vacate(&scans[i], k);
-                meshed += done;
-                stop = !done;
+                stop = !vacate(&scans[i], k);
             }
         }
         for (size_t i = 0; i < m && !stop; i++) {
@@ -614,7 +612,6 @@ size_t mesh_slabs(slab_t *const *slabs, size_t n, uint64_t deadline_ns)
                 if (!pages_disjoint(&scans[i], &scans[j], lo, hi))
                     continue;
                 bool done = pairs_now < max_pairs && mesh_pair(&scans[i], &scans[j], k);
-                meshed += done;
                 stop = !done || (deadline_ns && os_now_ns() > deadline_ns);
                 break;
             }
@@ -625,7 +622,6 @@ size_t mesh_slabs(slab_t *const *slabs, size_t n, uint64_t deadline_ns)
             rebuild_list(&scans[i]);
     os_purge(scans, m * sizeof *scans);
     pthread_mutex_unlock(&mesh_lock);
-    return meshed;
 }
 
 /* ---- dissolving ------------------------------------------------------------------ */

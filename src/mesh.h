@@ -35,9 +35,9 @@ uint32_t mesh_reserved(const slab_t *s);
 
 /* Mesh what it can among n slabs of one tiny class that the caller owns,
  * each with its exact lists (none of its blocks in a cache), until
- * os_now_ns() passes deadline_ns (0: no deadline); returns the pages
- * given back. */
-size_t mesh_slabs(slab_t *const *slabs, size_t n, uint64_t deadline_ns);
+ * os_now_ns() passes deadline_ns (0: no deadline). The pages given back
+ * are counted in mesh_stats. */
+void mesh_slabs(slab_t *const *slabs, size_t n, uint64_t deadline_ns);
 
 /* s, meshed, holds no live block of its own: its meshed pages go back to
  * being its own (and its partners' slots there to them), and it is left
