@@ -65,12 +65,18 @@ void hak_free_irregular(slab_t *s, void *p, const char *op);
  * write after free) ends the list here instead of calling out, which
  * would give this path a stack frame: a corrupt link is reported by the
  * refill that follows, before anything else is handed out. The prefetch
- * of the NULL that ends a list faults nothing. Not for class 0, the 16 B
- * blocks: on an Intel Xeon host their loops ran faster without it,
- * bench_tiny lifo, fifo and random 16 B 1.19, 1.30 and 1.24 times (32 B
- * and 1 KiB unchanged; prefetching only a next block in another line won
- * 1.08 on lifo), for an instruction a pair (bench_pair 74.85 -> 75.85,
- * measured at fd20e5b). c is the class of the cache. */
+ * of the NULL that ends a list faults nothing. Class 0, the 16 B blocks,
+ * fetches b itself, already in L1: on an Intel Xeon host their loops ran
+ * faster without the fetch of the next block, bench_tiny lifo, fifo and
+ * random 16 B 1.19, 1.30 and 1.24 times (32 B and 1 KiB unchanged,
+ * measured at fd20e5b; on an AMD EPYC host the fetch of the next block
+ * won instead, 1.02 to 1.05, at e39833f). The choice is a select, not a
+ * branch: a program of random sizes mispredicted the branch on one
+ * malloc in eight (cachegrind, bench_threads mstress), and the select
+ * won mstress at 1 thread 1.05 and 1.08, bench_tiny random 16 B 1.02 and
+ * 1.07, for two instructions more on class 0's malloc and one on the
+ * others' (bench_pair 65.86 -> 67.86; AMD EPYC, at e39833f). c is the
+ * class of the cache. */
 static inline void *cache_next(heap_t *heap, size_t c, const void *b)
 {
     void *next;
@@ -85,8 +91,7 @@ static inline void *cache_next(heap_t *heap, size_t c, const void *b)
         }
         next = (void *)(next_xor_b ^ (uintptr_t)b);
     }
-    if (HAK_SECURE || likely(c)) /* the hardened build has no class 0 */
-        prefetch_for_write(next);
+    prefetch_for_write(HAK_SECURE || c ? next : b); /* the hardened build has no class 0 */
     return next;
 }
 
