@@ -690,7 +690,8 @@ static void heap_mesh_class(heap_t *heap, unsigned c, uint64_t deadline_ns)
 }
 
 #define MESH_REFILL_INTERVAL_MS 100
-#define MESH_REFILL_BUDGET_NS 5000000
+/* The time a paced meshing (a refill's, a thread exit's) may take. */
+#define MESH_PACED_BUDGET_NS 5000000
 
 /* Below this size a class's pages hold more than 64 blocks, and two of
  * them a third full overlap nearly always: the refills' meshing leaves
@@ -700,9 +701,9 @@ static void heap_mesh_class(heap_t *heap, unsigned c, uint64_t deadline_ns)
 /* HAKMEM_MESH=on: a refill about to take a new slab (the heap would
  * grow) meshes the heap's slabs first where the last such pass is 100 ms
  * old, for 5 ms at most, class after class from where the last pass
- * stopped: a thread spends at most a twentieth of its time so, and a
- * program that never calls malloc_trim gets its memory back as it grows
- * again. stress (`every_refill`): at every refill, the refill's class
+ * stopped, paced (mesh_slabs): a thread spends at most a twentieth of its
+ * time so, and a program that never calls malloc_trim gets its memory
+ * back as it grows again. stress (`every_refill`): at every refill, the refill's class
  * and one other in turn, their current slabs and cached blocks included,
  * without a bound (every class at every refill took test_threads 27 s
  * instead of 4). Inside the list flag. */
@@ -725,7 +726,7 @@ static void heap_mesh_if_due(heap_t *heap, bool every_refill, unsigned refill_cl
     if (now - heap->meshed_ms < MESH_REFILL_INTERVAL_MS)
         return;
     heap->meshed_ms = now;
-    uint64_t deadline_ns = os_now_ns() + MESH_REFILL_BUDGET_NS;
+    uint64_t deadline_ns = os_now_ns() + MESH_PACED_BUDGET_NS;
     for (unsigned i = 0; i < TINY_CLASSES && os_now_ns() <= deadline_ns; i++) {
         unsigned c = heap->mesh_class;
         heap->mesh_class = (uint8_t)((c + 1) % TINY_CLASSES);
@@ -986,8 +987,11 @@ static void heap_mid_caches_emptied(heap_t *heap)
  * their slabs or arenas, empty slabs to their SuperSlabs, empty
  * SuperSlabs to the pool (unmapped beyond the reserve now with unmap_now,
  * else after the purge delay), and the pages inside free mid blocks to
- * the OS. */
-void heap_collect(heap_t *heap, bool unmap_now)
+ * the OS; with HAKMEM_MESH, the pages meshing gives back, all of them
+ * (mesh_deadline_ns 0: hak_collect, malloc_trim, an orphan's collect) or
+ * paced until that time (a thread's exit, timed by programs that join
+ * their threads). */
+void heap_collect(heap_t *heap, bool unmap_now, uint64_t mesh_deadline_ns)
 {
     if (heap == &hak_empty_heap)
         return;
@@ -1002,8 +1006,8 @@ void heap_collect(heap_t *heap, bool unmap_now)
     }
     heap_mid_caches_emptied(heap);
     if (mesh_enabled())
-        for (unsigned c = 0; c < TINY_CLASSES; c++)
-            heap_mesh_class(heap, c, 0);
+        for (unsigned c = 0; c < TINY_CLASSES && (!mesh_deadline_ns || os_now_ns() <= mesh_deadline_ns); c++)
+            heap_mesh_class(heap, c, mesh_deadline_ns);
     heap_release_spares(heap, heap);
     hak_assert(heap->kept_empty_bytes == 0); /* no slab is kept: the accounts agree */
     superslab_give_back_empty(heap, unmap_now);
@@ -1302,7 +1306,7 @@ static void heap_thread_exit(void *arg)
     thread_exit_first();
     bool recycled = threads_recycled();
     if (!recycled) {
-        heap_collect(h, true);
+        heap_collect(h, true, os_now_ns() + MESH_PACED_BUDGET_NS);
         arena_purge_lane(h->arena_lane);
     }
     hak_tl_heap = &hak_empty_heap;
@@ -1430,7 +1434,7 @@ uint64_t heaps_drain_orphans(void)
         if (o) {
             for (unsigned w = 0; w < (CLASS_COUNT + 63) / 64; w++) /* frees from now on announce themselves */
                 atomic_exchange_explicit(&o->remote_hint[w], 0, memory_order_acquire);
-            heap_collect(o, false);
+            heap_collect(o, false, 0);
             o->uncollected = false;
             o->drained_ms = now;
             pthread_mutex_lock(&heaps_lock);

@@ -257,7 +257,7 @@ bool heap_thread_adopt(heap_t *owner);
 void heap_free_last_block(slab_t *s, void *block); /* s's owner is the caller */
 void heap_free_meshed(slab_t *s, void *block);    /* the same, for a slab with SLAB_MESHED */
 void heap_slab_mark_aligned(slab_t *s);
-void heap_collect(heap_t *heap, bool unmap_now);
+void heap_collect(heap_t *heap, bool unmap_now, uint64_t mesh_deadline_ns);
 void heap_flush_class(heap_t *heap, unsigned c);
 void heaps_collect_orphans(void);
 uint64_t heaps_drain_orphans(void);

@@ -35,8 +35,9 @@ uint32_t mesh_reserved(const slab_t *s);
 
 /* Mesh what it can among n slabs of one tiny class that the caller owns,
  * each with its exact lists (none of its blocks in a cache), until
- * os_now_ns() passes deadline_ns (0: no deadline). The pages given back
- * are counted in mesh_stats. */
+ * os_now_ns() passes deadline_ns (0: no deadline). A pass with a deadline
+ * is paced: it meshes nothing unless that gives back enough of the pages
+ * it looks at (mesh.c). The pages given back are counted in mesh_stats. */
 void mesh_slabs(slab_t *const *slabs, size_t n, uint64_t deadline_ns);
 
 /* s, meshed, holds no live block of its own: its meshed pages go back to

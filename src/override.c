@@ -276,7 +276,7 @@ HAK_EXPORT void hak_collect(bool force)
      * that heap's blocks undrained). */
     heaps_collect_orphans();
     heap_t *heap = heap_get();
-    heap_collect(heap, true);
+    heap_collect(heap, true, 0);
     if (heap != &hak_empty_heap)
         arena_pools_flush(heap->arena_lane); /* what its front's full bins left there */
     heaps_flush_mid(force); /* the other threads' */
@@ -304,7 +304,7 @@ HAK_EXPORT int hak_thread_cache_flush(int class_index)
     return 0;
 }
 
-HAK_EXPORT void hak_thread_cache_flush_all(void) { heap_collect(heap_get(), true); }
+HAK_EXPORT void hak_thread_cache_flush_all(void) { heap_collect(heap_get(), true, 0); }
 
 /* The deprecated names (hakmem.h). */
 HAK_EXPORT int hak_tiny_magazine_flush(int class_index) { return hak_thread_cache_flush(class_index); }

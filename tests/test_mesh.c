@@ -4,7 +4,8 @@
  * bytes, the blocks freed reuse, a free through a slot that meshing gave
  * the other slab is refused as a double free, threads writing their
  * blocks while the pages move lose no write, a fork child shares nothing
- * with its parent, and freeing everything unmeshes every page.
+ * with its parent, freeing everything unmeshes every page, and a
+ * thread's exit meshes only where that gives back enough.
  * Run with HAKMEM_MESH=on and HAKMEM_ON_ERROR=warn (ctest sets both);
  * exits 77 (skipped) where the system refuses what meshing needs. */
 #define _GNU_SOURCE
@@ -239,6 +240,84 @@ static void test_threads_write_while_meshed(void)
     CHECK(stats().mesh_pages == 0);
 }
 
+/* A thread's exit meshes paced (mesh.c): nothing where it would give
+ * back fewer than 16 pages, what it can where it would give back many.
+ * The exits are the threads' own: each sleeps past the purge delay, so
+ * that taking over an orphan at its first malloc does not make its exit
+ * a recycled one, which collects nothing. */
+enum { EXIT_SLABS = 16, EXIT_PER_SLAB = 64, EXIT_VACANT = 2 };
+static void *dense[EXIT_SLABS * EXIT_PER_SLAB];
+
+/* Blocks of 1 KiB, four a 4 KiB page: the first two of every page freed,
+ * so that every page of every slab keeps the same slots live and no two
+ * pages mesh, and the first page of EXIT_VACANT slabs freed whole: two
+ * pages to give back, too few for a paced pass. */
+static void *dense_thread(void *arg)
+{
+    uintptr_t vacant_slabs[EXIT_VACANT] = {0};
+    unsigned seen = 0;
+    for (size_t i = 0; i < sizeof dense / sizeof *dense; i++) {
+        dense[i] = malloc(1024);
+        CHECK(dense[i] && hak_owns(dense[i]));
+        memset(dense[i], 0x5a, 1024);
+        uintptr_t slab = (uintptr_t)dense[i] >> 16;
+        if (seen < EXIT_VACANT && (!seen || vacant_slabs[seen - 1] != slab))
+            vacant_slabs[seen++] = slab;
+    }
+    for (size_t i = 0; i < sizeof dense / sizeof *dense; i++) {
+        uintptr_t a = (uintptr_t)dense[i];
+        bool vacant = ((a >> 12) & 15) == 0 && (a >> 16 == vacant_slabs[0] || a >> 16 == vacant_slabs[1]);
+        if (((a >> 10) & 3) < 2 || vacant) {
+            free(dense[i]);
+            dense[i] = NULL;
+        }
+    }
+    usleep(300000);
+    return arg;
+}
+
+static void *sparse_thread(void *arg)
+{
+    block_t *set = arg;
+    fill_all(set, BLOCKS);
+    free_most(set, BLOCKS, freed, 3);
+    usleep(300000);
+    return NULL;
+}
+
+static void test_thread_exit_paced(void)
+{
+    malloc_trim(0); /* no orphan left for the threads to take over */
+    uint64_t ever = stats().mesh_pages_ever;
+    pthread_t t;
+    pthread_create(&t, NULL, dense_thread, NULL);
+    pthread_join(t, NULL);
+    uint64_t at_exit = stats().mesh_pages_ever - ever;
+    malloc_trim(0); /* takes the orphan over and meshes it whole */
+    uint64_t at_trim = stats().mesh_pages_ever - ever - at_exit;
+    printf("thread exit, dense slabs: %llu pages meshed at the exit, %llu at the trim after\n",
+           (unsigned long long)at_exit, (unsigned long long)at_trim);
+    CHECK(at_exit == 0);
+    CHECK(at_trim >= EXIT_VACANT);
+    for (size_t i = 0; i < sizeof dense / sizeof *dense; i++)
+        if (dense[i]) {
+            CHECK(((unsigned char *)dense[i])[0] == 0x5a && ((unsigned char *)dense[i])[1023] == 0x5a);
+            free(dense[i]);
+        }
+
+    ever = stats().mesh_pages_ever;
+    pthread_create(&t, NULL, sparse_thread, blocks);
+    pthread_join(t, NULL);
+    at_exit = stats().mesh_pages_ever - ever;
+    printf("thread exit, 70%% of the blocks freed: %llu pages meshed at the exit\n", (unsigned long long)at_exit);
+    CHECK(at_exit >= 16);
+    CHECK(blocks_broken(blocks, BLOCKS) == 0);
+    for (size_t i = 0; i < BLOCKS; i++)
+        free(blocks[i].p);
+    malloc_trim(0);
+    CHECK(stats().mesh_pages == 0);
+}
+
 int main(void)
 {
     hak_stats_t s = stats();
@@ -252,5 +331,6 @@ int main(void)
     test_refill();
     test_all_freed_unmeshes();
     test_threads_write_while_meshed();
+    test_thread_exit_paced();
     return check_summary("mesh");
 }
