@@ -703,9 +703,9 @@ static void heap_mesh_class(heap_t *heap, unsigned c, uint64_t deadline_ns)
  * old, for 5 ms at most, class after class from where the last pass
  * stopped, paced (mesh_slabs): a thread spends at most a twentieth of its
  * time so, and a program that never calls malloc_trim gets its memory
- * back as it grows again. stress (`every_refill`): at every refill, the refill's class
- * and one other in turn, their current slabs and cached blocks included,
- * without a bound (every class at every refill took test_threads 27 s
+ * back as it grows again. stress (`every_refill`): at every refill, the
+ * refill's class and one other in turn, their current slabs and cached
+ * blocks included, without a bound (every class at every refill took test_threads 27 s
  * instead of 4). Inside the list flag. */
 static void heap_mesh_if_due(heap_t *heap, bool every_refill, unsigned refill_class)
 {

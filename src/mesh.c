@@ -584,49 +584,62 @@ static void rebuild_list(const mesh_scan_t *sc)
 #define MESH_PACED_MIN_SHARE 8
 #define MESH_PACED_MIN_PAGES 16
 
-/* The pages a pass over the m scanned slabs would give back: vacant
- * pages, and pairs found as the pass finds them (without the bound on
- * pairs); and in *open the pages it would look at. */
-static size_t plan_yield(size_t m, size_t *open)
+/* A pass over the m scanned slabs, page offset by page offset: each page
+ * with no live block given back alone (vacate), then each open page
+ * paired with the first of the next MESH_PROBES open ones whose live
+ * blocks miss its own (mesh_pair). Returns the pages given back. With
+ * apply false nothing changes: the pass is planned, without the bound on
+ * pairs, the pages it would give back returned and those it would look
+ * at counted in *open. Applied, it stops at the first failure, or past
+ * deadline_ns (0: none) after a pair. */
+static size_t mesh_walk(size_t m, bool apply, uint64_t deadline_ns, size_t *open)
 {
-    static uint32_t planned[MESH_PASS_SLABS]; /* under mesh_lock */
-    _Static_assert(MESH_PAGES <= 32, "a slab's pages fit the plan's mask");
-    size_t yield = 0;
+    static uint32_t taken[MESH_PASS_SLABS]; /* page k of scans[i] given back: bit k of taken[i] (mesh_lock) */
+    _Static_assert(MESH_PAGES <= 32, "a slab's pages fit a word of taken");
+    size_t given = 0;
+    bool stop = false;
     *open = 0;
-    memset(planned, 0, m * sizeof *planned);
-    for (unsigned k = 0; k < MESH_PAGES; k++) {
-        for (size_t i = 0; i < m; i++) {
+    memset(taken, 0, m * sizeof *taken);
+    for (unsigned k = 0; k < MESH_PAGES && !stop; k++) {
+        for (size_t i = 0; i < m && !stop; i++) {
             uint32_t lo, hi;
             page_slots(scans[i].s, k, &lo, &hi);
-            if (lo < hi && page_open(scans[i].s, k, hi)) {
-                ++*open;
-                if (!page_has_live(&scans[i], lo, hi)) {
-                    planned[i] |= 1u << k;
-                    yield++;
-                }
+            if (lo >= hi || !page_open(scans[i].s, k, hi))
+                continue;
+            ++*open;
+            if (page_has_live(&scans[i], lo, hi))
+                continue;
+            stop = apply && !vacate(&scans[i], k);
+            if (!stop) {
+                taken[i] |= 1u << k;
+                given++;
             }
         }
-        for (size_t i = 0; i < m; i++) {
+        for (size_t i = 0; i < m && !stop; i++) {
             uint32_t lo, hi;
             page_slots(scans[i].s, k, &lo, &hi);
             if (lo >= hi)
                 break;
-            if (!page_open(scans[i].s, k, hi) || planned[i] >> k & 1)
+            if (!page_open(scans[i].s, k, hi) || taken[i] >> k & 1)
                 continue;
             for (size_t j = i + 1, probes = 0; j < m && probes < MESH_PROBES; j++) {
-                if (!page_open(scans[j].s, k, hi) || planned[j] >> k & 1)
+                if (!page_open(scans[j].s, k, hi) || taken[j] >> k & 1)
                     continue;
                 probes++;
-                if (pages_disjoint(&scans[i], &scans[j], lo, hi)) {
-                    planned[i] |= 1u << k;
-                    planned[j] |= 1u << k;
-                    yield++;
-                    break;
+                if (!pages_disjoint(&scans[i], &scans[j], lo, hi))
+                    continue;
+                bool done = !apply || (pairs_now < max_pairs && mesh_pair(&scans[i], &scans[j], k));
+                if (done) {
+                    taken[i] |= 1u << k;
+                    taken[j] |= 1u << k;
+                    given++;
                 }
+                stop = apply && (!done || (deadline_ns && os_now_ns() > deadline_ns));
+                break;
             }
         }
     }
-    return yield;
+    return given;
 }
 
 void mesh_slabs(slab_t *const *slabs, size_t n, uint64_t deadline_ns)
@@ -647,37 +660,13 @@ void mesh_slabs(slab_t *const *slabs, size_t n, uint64_t deadline_ns)
             m++;
         stop = deadline_ns && os_now_ns() > deadline_ns;
     }
+    size_t open;
     if (deadline_ns && !stop) { /* paced: only where it gives back enough */
-        size_t open, yield = plan_yield(m, &open);
-        stop = yield < MESH_PACED_MIN_PAGES || yield * MESH_PACED_MIN_SHARE < open;
+        size_t given = mesh_walk(m, false, 0, &open);
+        stop = given < MESH_PACED_MIN_PAGES || given * MESH_PACED_MIN_SHARE < open;
     }
-    for (unsigned k = 0; k < MESH_PAGES && !stop; k++) {
-        for (size_t i = 0; i < m && !stop; i++) {
-            uint32_t lo, hi;
-            page_slots(scans[i].s, k, &lo, &hi);
-            if (lo < hi && page_open(scans[i].s, k, hi) && !page_has_live(&scans[i], lo, hi)) {
-                stop = !vacate(&scans[i], k);
-            }
-        }
-        for (size_t i = 0; i < m && !stop; i++) {
-            uint32_t lo, hi;
-            page_slots(scans[i].s, k, &lo, &hi);
-            if (lo >= hi)
-                break;
-            if (!page_open(scans[i].s, k, hi))
-                continue;
-            for (size_t j = i + 1, probes = 0; j < m && probes < MESH_PROBES; j++) {
-                if (!page_open(scans[j].s, k, hi))
-                    continue;
-                probes++;
-                if (!pages_disjoint(&scans[i], &scans[j], lo, hi))
-                    continue;
-                bool done = pairs_now < max_pairs && mesh_pair(&scans[i], &scans[j], k);
-                stop = !done || (deadline_ns && os_now_ns() > deadline_ns);
-                break;
-            }
-        }
-    }
+    if (!stop)
+        mesh_walk(m, true, deadline_ns, &open);
     for (size_t i = 0; i < m; i++)
         if (scans[i].changed)
             rebuild_list(&scans[i]);
