@@ -1487,6 +1487,32 @@ void heaps_fork_parent(void)
     pthread_mutex_unlock(&orphans_drain_lock);
 }
 
+/* A heap whose thread the fork left behind may have been caught inside a
+ * free's fast path, between the drop of a slab's used count to zero and
+ * the slow path that takes it from there (slab_used_drop): a slab at 0
+ * that the heap does not count as kept, its block on no list. The child
+ * then found the kept bytes short when the slab went back into use (an
+ * assertion in the debug build: test_threads' fork test, 1 run in 20 with
+ * other tests beside it). Its accounts are made whole: a current slab at
+ * 0 counts as kept, as the slow path would have kept it, and another slab
+ * at 0 holds that block for good (lost to the child, as any block a fork
+ * catches in flight). */
+static void heap_fork_repair(heap_t *h)
+{
+    size_t kept = 0;
+    for (slab_t *s = h->spares; s; s = s->next)
+        kept += slab_touched_bytes(s);
+    for (unsigned c = 0; c < CLASS_COUNT; c++) {
+        slab_t *cur = h->cur[c], *first = h->owned[c];
+        if (cur && (cur->used == 0 || cur->parked))
+            kept += slab_touched_bytes(cur);
+        for (slab_t *s = first; s; s = s->next == first ? NULL : s->next)
+            if (s->used == 0)
+                s->used = 1;
+    }
+    h->kept_empty_bytes = kept;
+}
+
 /* In the child only the forking thread survives. The other threads' heaps
  * become orphans that the child can take over, unless the fork caught one
  * in the middle of a list update: that one is left alone (its memory is
@@ -1504,6 +1530,7 @@ void heaps_fork_child(void)
              * a tiny one would (a block lost at worst); its mark would
              * keep the child's purger off the heap for good. */
             atomic_store_explicit(&h->mid_busy, false, memory_order_relaxed);
+            heap_fork_repair(h);
             heap_push_orphan_locked(h);
         }
     }
