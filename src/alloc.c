@@ -336,7 +336,8 @@ static inline bool heap_mid_push(heap_t *heap, slab_t *s, void *p)
 /* Everything the free fast path (hak_free_checked) does not take:
  * checked, diagnosed, pushed where it belongs. The owner's free of a
  * mid block comes here while the purger claims the stashes, where the
- * stash has no room for it, or for an aligned block's interior pointer.
+ * stash has no room for it, or for an aligned block's interior pointer,
+ * and its free of a block of a slab it loosened for the purger to mesh.
  * A thread without a heap that frees an exited thread's block takes that
  * thread's heap first (heap_thread_adopt). */
 void hak_free_irregular(slab_t *s, void *p, const char *op)
@@ -366,6 +367,11 @@ void hak_free_irregular(slab_t *s, void *p, const char *op)
     }
     if (slab_owner_heap(owner) != heap) {
         HAK_COUNT(heap, free_remote);
+        hak_remote_free(s, block);
+        return;
+    }
+    if (owner & SLAB_LOOSE) { /* the purger may be meshing it: its lists are not ours now */
+        heap_loose_freed(heap);
         hak_remote_free(s, block);
         return;
     }

@@ -71,10 +71,14 @@ static void heap_enter_lists(heap_t *heap)
 {
     atomic_store_explicit(&heap->in_slow, 1, memory_order_relaxed);
     atomic_signal_fence(memory_order_seq_cst);
-    /* The flag is also the owner's mark against the purger's claim of the
-     * mid caches (heap_mid_enter): a list update may reach them. */
-    while (unlikely(atomic_load_explicit(&heap->mid_claimed, memory_order_acquire))) {
+    /* The flag is also the owner's mark against the purger's claims of the
+     * mid caches (heap_mid_enter: a list update may reach them) and of the
+     * loose slabs (heap_claim_lists). */
+    while (unlikely(atomic_load_explicit(&heap->mid_claimed, memory_order_acquire) ||
+                    atomic_load_explicit(&heap->lists_claimed, memory_order_acquire))) {
         atomic_store_explicit(&heap->in_slow, 0, memory_order_release);
+        while (atomic_load_explicit(&heap->lists_claimed, memory_order_acquire))
+            sched_yield();
         heap_mid_wait(heap);
         atomic_store_explicit(&heap->in_slow, 1, memory_order_relaxed);
         atomic_signal_fence(memory_order_seq_cst);
@@ -315,12 +319,17 @@ static void slab_set_mid_flag(slab_t *s, uintptr_t flag)
  * owner's frees of it, as of the slab it replaces, which stays owned, go
  * to the class's stash (SLAB_STASHES_FREES), since the purger can claim
  * it. Without claims the flag is cleared: a fork child where membarrier
- * is refused may take over slabs flagged in the parent. */
+ * is refused may take over slabs flagged in the parent. A loose slab
+ * (heap_loosen_if_due) is the owner's alone again: the blocks freed onto
+ * its remote list meanwhile come back as other threads' do. */
 static void heap_set_cur(heap_t *heap, unsigned c, slab_t *s)
 {
     slab_t *old = heap->cur[c];
     if (old == s)
         return;
+    if (s && atomic_load_explicit(&s->owner, memory_order_relaxed) & SLAB_LOOSE)
+        atomic_store_explicit(&s->owner, atomic_load_explicit(&s->owner, memory_order_relaxed) & ~(uintptr_t)SLAB_LOOSE,
+                              memory_order_relaxed);
     if (class_stashes_frees(c)) {
         uintptr_t flag = hak_claims_on ? SLAB_STASHES_FREES : 0;
         if (old)
@@ -735,6 +744,72 @@ static void heap_mesh_if_due(heap_t *heap, bool every_refill, unsigned refill_cl
     }
 }
 
+/* HAKMEM_MESH: a refill or a sample (heap_sampled), where the last look
+ * is 100 ms old (at every one with stress), loosens the owned tiny slabs
+ * an eighth free: from now on the owner's frees of their blocks take
+ * their remote lists (hak_free_irregular), and the purger, under its
+ * claim (which keeps the owner's list updates off), may mesh them while
+ * the thread runs or sleeps (heaps_mesh_loose). A thread that frees much
+ * and then waits, as a server between requests, never grows, and its
+ * memory followed its live data only at a malloc_trim: redis-server
+ * after a 70% deletion held 3.24 times its data, as without meshing. A
+ * pass meshes the slabs a quarter free; loosened at a quarter too, the
+ * slabs of one run of redis-server's deletion in five were still below
+ * it at the last look, and kept every page. A slab is loose until it is
+ * current again (heap_set_cur). Not without claims (no membarrier): the
+ * purger could not keep the owner off. Inside the list flag. */
+#define MESH_LOOSEN_SHARE 8
+static void heap_loosen_if_due(heap_t *heap)
+{
+    if (likely(hak_config.mesh == MESH_OFF) || !mesh_enabled() || !hak_claims_on)
+        return;
+    uint64_t now = os_now_ms();
+    if (hak_config.mesh != MESH_STRESS && now - heap->loosened_ms < MESH_REFILL_INTERVAL_MS)
+        return;
+    heap->loosened_ms = now;
+    bool loosened = false;
+    for (unsigned c = 0; c < TINY_CLASSES; c++) {
+        slab_t *first = heap->owned[c];
+        for (slab_t *s = first; s; s = s->next == first ? NULL : s->next) {
+            uintptr_t owner = atomic_load_explicit(&s->owner, memory_order_relaxed);
+            if (!(owner & SLAB_LOOSE) && mesh_candidate(s, MESH_LOOSEN_SHARE)) {
+                atomic_store_explicit(&s->owner, owner | SLAB_LOOSE, memory_order_relaxed);
+                loosened = true;
+            }
+        }
+    }
+    if (loosened) {
+        atomic_fetch_add_explicit(&heap->loose_gen, 1, memory_order_relaxed);
+        purger_notify();
+    }
+}
+
+/* The owner freed a block of a slab it loosened (hak_free_irregular):
+ * counted, for the purger to see that the slab changed since its last
+ * pass; the first such free since that pass wakes the purger, whose
+ * thread may have left meanwhile (one run of redis-server's deletion in
+ * ten kept every page so). */
+void heap_loose_freed(heap_t *heap)
+{
+    uint64_t frees = atomic_load_explicit(&heap->loose_frees, memory_order_relaxed) + 1;
+    atomic_store_explicit(&heap->loose_frees, frees, memory_order_relaxed);
+    if (frees == atomic_load_explicit(&heap->loose_frees_meshed, memory_order_relaxed) + 1)
+        purger_notify();
+}
+
+/* A sample of the owner's mallocs that took no refill (sample.c): one
+ * every 2 MiB the thread allocates by default. A server that answers
+ * from its caches refills seldom (redis-server deleting keys: none in
+ * 140,000 commands), but its samples come. */
+void heap_sampled(heap_t *heap)
+{
+    if (likely(hak_config.mesh == MESH_OFF))
+        return;
+    heap_enter_lists(heap);
+    heap_loosen_if_due(heap);
+    heap_leave_lists(heap);
+}
+
 /* Before a new slab: an owned slab of class c whose pages meshing gave
  * back for holding no live block takes them again (mesh_unvacate). */
 static slab_t *heap_unvacate(heap_t *heap, unsigned c)
@@ -868,6 +943,7 @@ static HAK_NOINLINE void *heap_alloc_refill(heap_t *heap, unsigned c, size_t siz
     uint64_t start = weight ? hak_ticks() : 0;
     heap_enter_lists(heap);
     heap_mesh_if_due(heap, true, c);
+    heap_loosen_if_due(heap);
     slab_t *cur = heap->cur[c];
     if (cur && cur->parked) /* the cache is empty: its block was handed out */
         heap_unpark(heap, cur);
@@ -1133,6 +1209,86 @@ uint64_t heaps_flush_mid(bool all)
         heap_flush_mid_caches(h);
         heap_mid_caches_emptied(h);
         atomic_store_explicit(&h->mid_claimed, false, memory_order_release);
+    }
+    pthread_mutex_unlock(&heaps_lock);
+    return due;
+}
+
+/* Under the lists' claim: the purger meshes heap's loose slabs (heap_loosen_if_due),
+ * class after class from where its last pass stopped, until deadline_ns;
+ * true if it stopped there. Each slab's remote list, where the owner's
+ * frees went, comes back to its list first. Nothing here changes a slab
+ * that is not loose, whose list the owner's frees still push onto: a
+ * slab left with no block of its own is not meshed, and its release (to
+ * dissolve it would give slots back to partners that may be tight) waits
+ * for the owner's drain, which the remote frees' hint asks for. */
+static bool heap_mesh_loose(heap_t *heap, uint64_t deadline_ns)
+{
+    static slab_t *batch[MESH_PASS_SLABS]; /* heaps_lock */
+    for (unsigned i = 0; i < TINY_CLASSES; i++) {
+        if (os_now_ns() > deadline_ns)
+            return true;
+        unsigned c = heap->loose_class;
+        heap->loose_class = (uint8_t)((c + 1) % TINY_CLASSES);
+        size_t n = 0;
+        slab_t *first = heap->owned[c];
+        for (slab_t *s = first; s && n < MESH_PASS_SLABS; s = s->next == first ? NULL : s->next) {
+            if (!(atomic_load_explicit(&s->owner, memory_order_relaxed) & SLAB_LOOSE))
+                continue;
+            slab_drain_remote(s);
+            if (s->used > mesh_reserved(s))
+                batch[n++] = s;
+        }
+        mesh_slabs(batch, n, deadline_ns);
+    }
+    return false;
+}
+
+/* The purger claims heap's loose slabs: false if the owner is at its
+ * lists, and then it must look again soon. As the mid caches' claim
+ * (heap_claim_mid), but only the owner's list updates keep off: its mid
+ * fronts, which a mesh pass never touches, go on (under the mid claim a
+ * malloc of a size it had just freed took another block). */
+static bool heap_claim_lists(heap_t *heap)
+{
+    atomic_store_explicit(&heap->lists_claimed, true, memory_order_relaxed);
+    if ((heap == heap_get() || os_membarrier()) && !atomic_load_explicit(&heap->in_slow, memory_order_acquire))
+        return true;
+    atomic_store_explicit(&heap->lists_claimed, false, memory_order_release);
+    return false;
+}
+
+/* The purger's meshing of the live threads' loose slabs: a heap's when
+ * its owner loosened more or freed into them since the last pass, at
+ * most once a purge delay, or 1 ms after a pass that ran out of time;
+ * for up to MESH_PACED_BUDGET_NS a heap, paced as a refill's (mesh_slabs:
+ * only where it gives back enough). The claim holds the owner's slow
+ * paths for that long at most. Under heaps_lock. Returns when the next
+ * pass falls due, or 0: nothing changed since the last ones. */
+static uint64_t heaps_mesh_loose(void)
+{
+    if (likely(hak_config.mesh == MESH_OFF) || !mesh_enabled() || !hak_claims_on)
+        return 0;
+    uint64_t due = 0, delay = (uint64_t)hak_config.purge_delay_ms;
+    pthread_mutex_lock(&heaps_lock);
+    for (heap_t *h = all_heaps; h; h = h->next_all) {
+        uint32_t gen = atomic_load_explicit(&h->loose_gen, memory_order_relaxed);
+        uint64_t frees = atomic_load_explicit(&h->loose_frees, memory_order_relaxed), now = os_now_ms();
+        if (h->state != HEAP_LIVE ||
+            (gen == h->loose_gen_meshed && frees == atomic_load_explicit(&h->loose_frees_meshed, memory_order_relaxed) &&
+             !h->loose_unfinished))
+            continue;
+        uint64_t next = h->loose_unfinished ? h->loose_meshed_ms + 1 : h->loose_meshed_ms + delay;
+        if (now < next || !heap_claim_lists(h)) {
+            due = due_earlier(due, now < next ? next : now + 1);
+            continue;
+        }
+        h->loose_gen_meshed = gen;
+        atomic_store_explicit(&h->loose_frees_meshed, frees, memory_order_relaxed);
+        h->loose_unfinished = heap_mesh_loose(h, os_now_ns() + MESH_PACED_BUDGET_NS);
+        h->loose_meshed_ms = os_now_ms();
+        atomic_store_explicit(&h->lists_claimed, false, memory_order_release);
+        due = due_earlier(due, h->loose_meshed_ms + (h->loose_unfinished ? 1 : delay));
     }
     pthread_mutex_unlock(&heaps_lock);
     return due;
@@ -1560,7 +1716,8 @@ void heaps_fork_init(void) { pthread_atfork(heaps_fork_prepare, heaps_fork_paren
 uint64_t heaps_purge(bool force)
 {
     uint64_t orphans_due = heaps_drain_orphans();
-    return due_earlier(orphans_due, heaps_flush_mid(force));
+    uint64_t mid_due = heaps_flush_mid(force);
+    return due_earlier(due_earlier(orphans_due, mid_due), heaps_mesh_loose());
 }
 
 /* The calling thread is inside a list update or a mid section of its

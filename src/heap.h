@@ -182,6 +182,15 @@ typedef struct heap {
     uint32_t tuner_refills;    /* refills, for the tuner's clock (heap_tick_tuner) */
     uint64_t meshed_ms;        /* when its refills last meshed */
     uint8_t mesh_class;        /* the tiny class its refills' next meshing starts at */
+    /* Slabs loosened for the purger to mesh (heap_loosen_if_due): */
+    uint64_t loosened_ms;      /* when a refill last looked for slabs to loosen */
+    _Atomic uint32_t loose_gen;   /* the owner loosened slabs: bumped each time */
+    _Atomic uint64_t loose_frees; /* the owner's frees into its loose slabs */
+    uint32_t loose_gen_meshed;    /* the purger's: loose_gen at its last pass */
+    _Atomic uint64_t loose_frees_meshed; /* loose_frees then */
+    uint64_t loose_meshed_ms;     /* when the purger's last pass ended */
+    bool loose_unfinished;        /* the purger's last pass ran out of time */
+    uint8_t loose_class;          /* the tiny class the purger's next pass starts at */
     unsigned arena_lane;       /* the page arenas' lane its thread allocates from (arena.c) */
     _Atomic int in_slow;       /* inside a list update (fork safety; the purger's mid claim keeps off) */
     /* The mid classes' frees to the stash, which the purger claims and
@@ -189,6 +198,7 @@ typedef struct heap {
     _Atomic bool mid_busy;     /* the owner is in a mid malloc or a free to the stash */
     _Atomic bool mid_claimed;  /* the purger flushes the mid caches: the owner keeps off */
     _Atomic bool mid_cached;   /* a free went to a mid cache since the purger last flushed them */
+    _Atomic bool lists_claimed; /* the purger meshes the loose slabs: the owner's list updates keep off */
     _Atomic uint64_t mid_cached_ms; /* when mid_cached was last set */
     uint64_t slab_refills;     /* read racily by the report */
     bigcache_front_t bigcache_front;
@@ -256,6 +266,8 @@ heap_t *heap_thread_init(void);
 bool heap_thread_adopt(heap_t *owner);
 void heap_free_last_block(slab_t *s, void *block); /* s's owner is the caller */
 void heap_free_meshed(slab_t *s, void *block);    /* the same, for a slab with SLAB_MESHED */
+void heap_sampled(heap_t *heap);                  /* a malloc of the owner's was sampled */
+void heap_loose_freed(heap_t *heap);              /* the owner freed into a loose slab */
 void heap_slab_mark_aligned(slab_t *s);
 void heap_collect(heap_t *heap, bool unmap_now, uint64_t mesh_deadline_ns);
 void heap_flush_class(heap_t *heap, unsigned c);

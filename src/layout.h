@@ -154,7 +154,8 @@ enum slab_flag {
     SLAB_ALIGNED = 1, /* holds over-allocated aligned blocks: interior frees allowed */
     SLAB_STASHES_FREES = 2, /* its owner's slab of a mid class: frees go to the class's stash */
     SLAB_MESHED = 4,  /* a page of it shares a physical page with another slab's (mesh.c) */
-    SLAB_FLAGS = 7,
+    SLAB_LOOSE = 8,   /* its owner's frees go to its remote list: the purger may mesh it (heap.c) */
+    SLAB_FLAGS = 15,
 };
 
 /* One slab: a run of 64 KiB pages holding blocks of one size class. Local

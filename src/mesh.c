@@ -40,9 +40,11 @@
  *
  * Everything here runs under mesh_lock, by the owner of the slabs (at a
  * collect, or a refill: heap.c decides when) or the thread that took an
- * orphan's, or, to dissolve a slab an orphan's drain emptied, by the
- * purger under the drain lock, which fork's prepare takes before this
- * one. */
+ * orphan's; by the purger, under its claim of a live heap, on slabs
+ * their owner loosened (heap.c: its frees into them take the remote
+ * list, and a pass among loose slabs changes no other slab); or, to
+ * dissolve a slab an orphan's drain emptied, by the purger under the
+ * drain lock, which fork's prepare takes before this one. */
 #define _GNU_SOURCE
 #include "mesh.h"
 #include "os.h"
@@ -339,16 +341,17 @@ uint32_t mesh_reserved(const slab_t *s)
 
 /* ---- a pass ------------------------------------------------------------------- */
 
-/* A slab worth a scan: in use, and a quarter of its carved blocks free
- * at least (a fuller one has few pages sparse enough to mesh: the scans
- * of a growing program's full slabs took 3.7 ms a pass), but with
- * HAKMEM_MESH=stress. Only its pages below what it carved mesh: a carve
+/* A slab meshing may take: in use, and 1 / free_share of its carved
+ * blocks free at least, but with HAKMEM_MESH=stress. A pass scans those
+ * a quarter free (MESH_SCAN_SHARE: a fuller one has few pages sparse
+ * enough to mesh, and the scans of a growing program's full slabs took
+ * 3.7 ms a pass). Only its pages below what it carved mesh: a carve
  * hands blocks out without a look at the reserved ones. */
-static bool mesh_candidate(const slab_t *s)
+bool mesh_candidate(const slab_t *s, uint32_t free_share)
 {
     uintptr_t owner = atomic_load_explicit(&s->owner, memory_order_relaxed);
     return s->in_use && s->span == 1 && class_is_tiny(s->class_idx) && s->carved && s->used &&
-           (hak_config.mesh == MESH_STRESS || s->carved - s->used >= s->carved / 4) && !s->parked &&
+           (hak_config.mesh == MESH_STRESS || s->carved - s->used >= s->carved / free_share) && !s->parked &&
            !(owner & SLAB_ALIGNED) && !((uintptr_t)s->start & (MESH_PAGE - 1)) && s->capacity <= MESH_MAX_SLOTS;
 }
 
@@ -656,7 +659,7 @@ void mesh_slabs(slab_t *const *slabs, size_t n, uint64_t deadline_ns)
     size_t m = 0;
     bool stop = false;
     for (size_t i = 0; i < n && m < MESH_PASS_SLABS && !stop; i++) {
-        if (mesh_candidate(slabs[i]) && scan_slab(&scans[m], slabs[i]))
+        if (mesh_candidate(slabs[i], MESH_SCAN_SHARE) && scan_slab(&scans[m], slabs[i]))
             m++;
         stop = deadline_ns && os_now_ns() > deadline_ns;
     }

@@ -3,8 +3,8 @@
  * physical page, so that memory follows live data without moving a
  * pointer (after Mesh, PLDI 2019), and pages with no live block go back
  * alone. The owner meshes its own slabs (hak_collect, malloc_trim, a
- * refill that would grow the heap: heap.c); docs/architecture.md,
- * "Meshing". */
+ * refill that would grow the heap), the purger those a thread loosened
+ * (heap.c); docs/architecture.md, "Meshing". */
 #ifndef HAKMEM_MESH_H
 #define HAKMEM_MESH_H
 
@@ -32,6 +32,12 @@ bool mesh_kernel_writes_wait(void);
 bool mesh_slot_reserved(const slab_t *s, const void *b);
 /* The blocks of s that are its partners' (counted in s->used). */
 uint32_t mesh_reserved(const slab_t *s);
+
+/* Whether meshing may take s: a tiny slab in use with 1 / free_share of
+ * its carved blocks free at least (but with HAKMEM_MESH=stress). A pass
+ * looks at the slabs a quarter free. */
+#define MESH_SCAN_SHARE 4
+bool mesh_candidate(const slab_t *s, uint32_t free_share);
 
 /* Mesh what it can among n slabs of one tiny class that the caller owns,
  * each with its exact lists (none of its blocks in a cache), until

@@ -645,6 +645,7 @@ void *sample_fast_hit(heap_t *heap, unsigned c, void *b, size_t size, uintptr_t 
     b = heap->cache[c];
     heap->cache[c] = block_next(b);
     block_handed_out(b);
+    heap_sampled(heap);
     return sample_take(heap, c, b, size, site, weight, start);
 }
 
@@ -653,6 +654,7 @@ void *sample_fast_hit(heap_t *heap, unsigned c, void *b, size_t size, uintptr_t 
  * sample. */
 void *sample_take_arena(heap_t *heap, size_t size, size_t align, uintptr_t site, bool zero)
 {
+    heap_sampled(heap);
     float weight = sample_interval_end(heap, size);
     uint64_t start = hak_ticks();
     void *p = align ? NULL : arena_front_take(heap, size);
