@@ -5,8 +5,9 @@
  * the other slab is refused as a double free, threads writing their
  * blocks while the pages move lose no write, a fork child shares nothing
  * with its parent, freeing everything unmeshes every page, a thread's
- * exit meshes only where that gives back enough, and the purger meshes
- * the pages of a thread that freed most of its blocks and sleeps.
+ * exit meshes only where that gives back enough, the purger meshes
+ * the pages of a thread that freed most of its blocks and sleeps, and a
+ * process that locked its memory meshes as any other.
  * Run with HAKMEM_MESH=on and HAKMEM_ON_ERROR=warn (ctest sets both);
  * exits 77 (skipped) where the system refuses what meshing needs. */
 #define _GNU_SOURCE
@@ -17,6 +18,8 @@
 #include <malloc.h>
 #include <pthread.h>
 #include <stdatomic.h>
+#include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 
 #define BLOCKS 60000
@@ -382,6 +385,58 @@ static void test_purger_meshes_sleeper(void)
     CHECK(stats().mesh_pages == 0);
 }
 
+/* A process that locked its memory (mlockall, current and future)
+ * meshes as any other: the memfd page mapped over a locked page is
+ * locked in turn, and the anonymous pages it replaces go with their
+ * mapping. In a child, whose lock leaves the other tests alone; not
+ * where the child could lock less than its 60 MiB (RLIMIT_MEMLOCK, which
+ * CAP_IPC_LOCK lifts) or the lock is refused. */
+static bool may_lock_much(void)
+{
+    struct rlimit lim = {RLIM_INFINITY, RLIM_INFINITY};
+    if (setrlimit(RLIMIT_MEMLOCK, &lim) == 0 ||
+        (getrlimit(RLIMIT_MEMLOCK, &lim) == 0 && (lim.rlim_cur == RLIM_INFINITY || lim.rlim_cur >= ((rlim_t)256 << 20))))
+        return true;
+    char line[256];
+    unsigned long long caps = 0;
+    FILE *f = fopen("/proc/self/status", "r");
+    while (f && fgets(line, sizeof line, f))
+        if (!strncmp(line, "CapEff:", 7))
+            caps = strtoull(line + 7, NULL, 16);
+    if (f)
+        fclose(f);
+    return caps >> 14 & 1; /* CAP_IPC_LOCK */
+}
+
+static void test_mlocked(void)
+{
+    pid_t pid = fork();
+    if (pid == 0) {
+        if (!may_lock_much() || mlockall(MCL_CURRENT | MCL_FUTURE) != 0)
+            _exit(77);
+        fill_all(blocks, BLOCKS);
+        free_most(blocks, BLOCKS, freed, 7);
+        uint64_t ever = stats().mesh_pages_ever;
+        malloc_trim(0);
+        uint64_t meshed = stats().mesh_pages_ever - ever;
+        bool ok = meshed > 1000 && blocks_broken(blocks, BLOCKS) == 0;
+        printf("mlockall: %llu pages meshed, the live blocks %s\n", (unsigned long long)meshed,
+               blocks_broken(blocks, BLOCKS) ? "broken" : "intact");
+        for (size_t i = 0; i < BLOCKS; i++)
+            free(blocks[i].p);
+        malloc_trim(0);
+        fflush(stdout);
+        _exit(ok && stats().mesh_pages == 0 ? 0 : 1);
+    }
+    int status = 0;
+    CHECK(pid > 0 && waitpid(pid, &status, 0) == pid);
+    if (WIFEXITED(status) && WEXITSTATUS(status) == 77) {
+        printf("mlockall: not checked (RLIMIT_MEMLOCK below 256 MiB, or the lock refused)\n");
+        return;
+    }
+    CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+}
+
 int main(void)
 {
     hak_stats_t s = stats();
@@ -397,5 +452,6 @@ int main(void)
     test_threads_write_while_meshed();
     test_thread_exit_paced();
     test_purger_meshes_sleeper();
+    test_mlocked();
     return check_summary("mesh");
 }
