@@ -371,7 +371,7 @@ void hak_free_irregular(slab_t *s, void *p, const char *op)
         return;
     }
     if (owner & SLAB_LOOSE) { /* the purger may be meshing it: its lists are not ours now */
-        heap_loose_freed(heap);
+        heap_loose_changed(heap);
         hak_remote_free(s, block);
         return;
     }

@@ -778,22 +778,21 @@ static void heap_loosen_if_due(heap_t *heap)
             }
         }
     }
-    if (loosened) {
-        atomic_fetch_add_explicit(&heap->loose_gen, 1, memory_order_relaxed);
-        purger_notify();
-    }
+    if (loosened)
+        heap_loose_changed(heap);
 }
 
-/* The owner freed a block of a slab it loosened (hak_free_irregular):
- * counted, for the purger to see that the slab changed since its last
- * pass; the first such free since that pass wakes the purger, whose
- * thread may have left meanwhile (one run of redis-server's deletion in
- * ten kept every page so). */
-void heap_loose_freed(heap_t *heap)
+/* The owner loosened slabs, or freed a block of a loose one
+ * (hak_free_irregular): counted, for the purger to see that its loose
+ * slabs changed since its last pass; the first change since that pass
+ * wakes the purger, whose thread may have left meanwhile (one run of
+ * redis-server's deletion in ten kept every page when only a loosening
+ * woke it). */
+void heap_loose_changed(heap_t *heap)
 {
-    uint64_t frees = atomic_load_explicit(&heap->loose_frees, memory_order_relaxed) + 1;
-    atomic_store_explicit(&heap->loose_frees, frees, memory_order_relaxed);
-    if (frees == atomic_load_explicit(&heap->loose_frees_meshed, memory_order_relaxed) + 1)
+    uint64_t changes = atomic_load_explicit(&heap->loose_changes, memory_order_relaxed) + 1;
+    atomic_store_explicit(&heap->loose_changes, changes, memory_order_relaxed);
+    if (changes == atomic_load_explicit(&heap->loose_changes_meshed, memory_order_relaxed) + 1)
         purger_notify();
 }
 
@@ -1272,19 +1271,16 @@ static uint64_t heaps_mesh_loose(void)
     uint64_t due = 0, delay = (uint64_t)hak_config.purge_delay_ms;
     pthread_mutex_lock(&heaps_lock);
     for (heap_t *h = all_heaps; h; h = h->next_all) {
-        uint32_t gen = atomic_load_explicit(&h->loose_gen, memory_order_relaxed);
-        uint64_t frees = atomic_load_explicit(&h->loose_frees, memory_order_relaxed), now = os_now_ms();
+        uint64_t changes = atomic_load_explicit(&h->loose_changes, memory_order_relaxed), now = os_now_ms();
         if (h->state != HEAP_LIVE ||
-            (gen == h->loose_gen_meshed && frees == atomic_load_explicit(&h->loose_frees_meshed, memory_order_relaxed) &&
-             !h->loose_unfinished))
+            (changes == atomic_load_explicit(&h->loose_changes_meshed, memory_order_relaxed) && !h->loose_unfinished))
             continue;
         uint64_t next = h->loose_unfinished ? h->loose_meshed_ms + 1 : h->loose_meshed_ms + delay;
         if (now < next || !heap_claim_lists(h)) {
             due = due_earlier(due, now < next ? next : now + 1);
             continue;
         }
-        h->loose_gen_meshed = gen;
-        atomic_store_explicit(&h->loose_frees_meshed, frees, memory_order_relaxed);
+        atomic_store_explicit(&h->loose_changes_meshed, changes, memory_order_relaxed);
         h->loose_unfinished = heap_mesh_loose(h, os_now_ns() + MESH_PACED_BUDGET_NS);
         h->loose_meshed_ms = os_now_ms();
         atomic_store_explicit(&h->lists_claimed, false, memory_order_release);

@@ -184,15 +184,13 @@ typedef struct heap {
     uint8_t mesh_class;        /* the tiny class its refills' next meshing starts at */
     /* Slabs loosened for the purger to mesh (heap_loosen_if_due): */
     uint64_t loosened_ms;      /* when a refill last looked for slabs to loosen */
-    _Atomic uint32_t loose_gen;   /* the owner loosened slabs: bumped each time */
-    _Atomic uint64_t loose_frees; /* the owner's frees into its loose slabs */
-    uint32_t loose_gen_meshed;    /* the purger's: loose_gen at its last pass */
-    _Atomic uint64_t loose_frees_meshed; /* loose_frees then */
+    _Atomic uint64_t loose_changes; /* the owner loosened slabs or freed into one: counted */
+    _Atomic uint64_t loose_changes_meshed; /* the purger's: loose_changes at its last pass */
     uint64_t loose_meshed_ms;     /* when the purger's last pass ended */
     bool loose_unfinished;        /* the purger's last pass ran out of time */
     uint8_t loose_class;          /* the tiny class the purger's next pass starts at */
     unsigned arena_lane;       /* the page arenas' lane its thread allocates from (arena.c) */
-    _Atomic int in_slow;       /* inside a list update (fork safety; the purger's mid claim keeps off) */
+    _Atomic int in_slow;       /* inside a list update (fork safety; the purger's claims keep off) */
     /* The mid classes' frees to the stash, which the purger claims and
      * flushes a purge delay after the first (heap_mid_enter, heaps_flush_mid). */
     _Atomic bool mid_busy;     /* the owner is in a mid malloc or a free to the stash */
@@ -267,7 +265,7 @@ bool heap_thread_adopt(heap_t *owner);
 void heap_free_last_block(slab_t *s, void *block); /* s's owner is the caller */
 void heap_free_meshed(slab_t *s, void *block);    /* the same, for a slab with SLAB_MESHED */
 void heap_sampled(heap_t *heap);                  /* a malloc of the owner's was sampled */
-void heap_loose_freed(heap_t *heap);              /* the owner freed into a loose slab */
+void heap_loose_changed(heap_t *heap);            /* the owner loosened slabs or freed into one */
 void heap_slab_mark_aligned(slab_t *s);
 void heap_collect(heap_t *heap, bool unmap_now, uint64_t mesh_deadline_ns);
 void heap_flush_class(heap_t *heap, unsigned c);
