@@ -4,6 +4,7 @@
 #define _GNU_SOURCE
 #include "check.h"
 #include "other_lane.h"
+#include "rss.h"
 #include "hakmem.h"
 
 #include <pthread.h>
@@ -468,13 +469,13 @@ static void *allocate_touched_and_exit(void *arg)
  * every 16 allocations (threads_sampled) the samples among the blocks, 1
  * MiB of them in the page arenas, kept 4 MiB of it, the whole margin
  * (release: +0.02 MiB). TSan's unsampled run (threads) keeps the check. */
-static bool rss_back_near(const hak_stats_t *st, const hak_stats_t *before)
+static bool rss_back_near(size_t rss, size_t before)
 {
 #ifdef __SANITIZE_THREAD__
     if (getenv("HAKMEM_PROFILE_SAMPLE"))
         return true;
 #endif
-    return st->rss_bytes < before->rss_bytes + (4u << 20);
+    return rss < before + (4u << 20);
 }
 
 static void test_orphan_drained_asleep(void)
@@ -484,6 +485,7 @@ static void test_orphan_drained_asleep(void)
     hak_collect(true);
     hak_stats_t before, st;
     hak_stats_get(&before);
+    size_t rss_before = program_rss_bytes(), rss = rss_before;
     pthread_t thread;
     pthread_create(&thread, NULL, allocate_touched_and_exit, NULL);
     pthread_join(thread, NULL);
@@ -495,15 +497,16 @@ static void test_orphan_drained_asleep(void)
     CHECK(owned);
     for (int waited = 0; waited < 3000; waited += 20) {
         hak_stats_get(&st);
-        if (st.mid_bytes < before.mid_bytes + (1u << 20) && rss_back_near(&st, &before))
+        rss = program_rss_bytes();
+        if (st.mid_bytes < before.mid_bytes + (1u << 20) && rss_back_near(rss, rss_before))
             break;
         usleep(20 * 1000);
     }
-    if (st.mid_bytes >= before.mid_bytes + (1u << 20) || !rss_back_near(&st, &before))
+    if (st.mid_bytes >= before.mid_bytes + (1u << 20) || !rss_back_near(rss, rss_before))
         fprintf(stderr, "asleep: mid bytes %.1f MiB, RSS %.1f MiB, before %.1f and %.1f\n", st.mid_bytes / 1048576.0,
-                st.rss_bytes / 1048576.0, before.mid_bytes / 1048576.0, before.rss_bytes / 1048576.0);
+                rss / 1048576.0, before.mid_bytes / 1048576.0, rss_before / 1048576.0);
     CHECK(st.mid_bytes < before.mid_bytes + (1u << 20)); /* the blocks are free again */
-    CHECK(rss_back_near(&st, &before));                  /* and their pages went back */
+    CHECK(rss_back_near(rss, rss_before));               /* and their pages went back */
     CHECK(st.heaps_orphaned == 1);                       /* drained where it was, not taken over */
 }
 
@@ -559,6 +562,7 @@ static void test_uncollected_orphan_asleep(void)
     hak_collect(true);
     hak_stats_t before, st;
     hak_stats_get(&before);
+    size_t rss_before = program_rss_bytes();
     left_base = hak_tiny_class_bytes(LEFT_CLASS);
     CHECK(left_base < LEFT_BLOCKS * LEFT_SIZE / 100);
     pthread_t thread;
@@ -584,15 +588,15 @@ static void test_uncollected_orphan_asleep(void)
     for (int waited = 0; waited < 3000; waited += 20) {
         left = hak_tiny_class_bytes(LEFT_CLASS);
         hak_stats_get(&st);
-        rss = st.rss_bytes;
-        if (left == left_base && rss_back_near(&st, &before))
+        rss = program_rss_bytes();
+        if (left == left_base && rss_back_near(rss, rss_before))
             break;
         usleep(20 * 1000);
     }
     printf("uncollected orphan: class bytes %zu, RSS %.1f MiB (before %.1f)\n", left, rss / 1048576.0,
-           before.rss_bytes / 1048576.0);
+           rss_before / 1048576.0);
     CHECK(left == left_base);          /* the purger collected it */
-    CHECK(rss_back_near(&st, &before)); /* and the pages went back */
+    CHECK(rss_back_near(rss, rss_before)); /* and the pages went back */
     if (left_adopter_start_ms - left_exit_ms < 90)
         CHECK(st.heaps_orphaned == 1); /* where it was, for the next thread */
 }
