@@ -649,6 +649,18 @@ int os_dup(int fd, int min_fd)
     return copy < 0 ? -1 : copy;
 }
 
+/* A copy of fd numbered out of the way of the numbers a program counts
+ * on: from 100 up, or under a lower limit of descriptors (ulimit -n 64)
+ * from the upper half of what it allows; -1 if none. */
+int os_dup_aside(int fd)
+{
+    int copy = os_dup(fd, 100);
+    long files = os_files_limit();
+    if (copy < 0 && files > 6 && files <= 100)
+        copy = os_dup(fd, (int)files / 2);
+    return copy;
+}
+
 /* A file at path, created or emptied, to write the report into. Unlike
  * every other call here it leaves errno as the kernel set it on failure:
  * the caller says why. */
@@ -701,8 +713,7 @@ long os_files_limit(void)
     return limit;
 }
 
-/* Which file fd names, comparable with os_file_id_equal; false if fd
- * names none. */
+/* Which file fd names (os_file_is compares); false if fd names none. */
 bool os_file_id(int fd, os_file_id_t *id)
 {
     struct stat st;
@@ -712,6 +723,13 @@ bool os_file_id(int fd, os_file_id_t *id)
     if (named)
         *id = (os_file_id_t){(uint64_t)st.st_dev, (uint64_t)st.st_ino};
     return named;
+}
+
+/* Whether fd still names the file id was taken from. */
+bool os_file_is(int fd, const os_file_id_t *id)
+{
+    os_file_id_t now;
+    return fd >= 0 && os_file_id(fd, &now) && now.dev == id->dev && now.ino == id->ino;
 }
 
 /* The kernel's id of the calling thread, and whether a thread of this

@@ -111,12 +111,13 @@ int os_parent_pid(void);
 const char *os_program_name(void); /* the program's file name, without its directory */
 void os_keep_program_name(void);   /* before main: the name as started (a process title may overwrite it) */
 
-/* Descriptors, for the report's copy of stderr (report.c) and the files
- * whose symbols it reads (symtab.c). */
+/* Descriptors, for the report's copy of stderr (report.c), the files
+ * whose symbols it reads (symtab.c) and meshing's files (mesh.c). */
 typedef struct os_file_id {
     uint64_t dev, ino;
 } os_file_id_t;
 int os_dup(int fd, int min_fd);
+int os_dup_aside(int fd);
 int os_create(const char *path); /* a new or emptied file to write, closed on exec; -1 and errno if not */
 int os_open_read(const char *path); /* -1 if it cannot be opened */
 long os_read(int fd, void *buf, size_t size);
@@ -124,6 +125,7 @@ long os_pread(int fd, void *buf, size_t size, uint64_t offset);
 void os_close(int fd);
 long os_files_limit(void);
 bool os_file_id(int fd, os_file_id_t *id);
+bool os_file_is(int fd, const os_file_id_t *id);
 void os_membarrier_init(void);
 bool os_membarrier(void);
 uint64_t os_random(void);

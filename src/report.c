@@ -114,9 +114,10 @@ static void print_memory(FILE *out, const hak_stats_t *s)
     else if (hak_config.mesh)
         fprintf(out, "  mesh          %10zu pages given back now (%.2f MiB), %llu meshed in all%s\n", s->mesh_pages,
                 mib(s->mesh_pages * MESH_PAGE), (unsigned long long)s->mesh_pages_ever,
-                mesh_kernel_writes_wait() ? ""
-                                          : "; userfaultfd for user-mode faults only: a system call writing into a "
-                                            "block while it is meshed fails with EFAULT");
+                !mesh_started()            ? "; not started (nothing to mesh yet)"
+                : mesh_kernel_writes_wait() ? ""
+                                            : "; userfaultfd for user-mode faults only: a system call writing into a "
+                                              "block while it is meshed fails with EFAULT");
 }
 
 static void print_kpi(FILE *out, const hak_kpi_t *k)
@@ -311,23 +312,14 @@ void report_xml(FILE *out)
 static int report_fd = -1;
 static os_file_id_t report_file;
 
-static bool names_report_file(int fd)
-{
-    os_file_id_t now;
-    return os_file_id(fd, &now) && now.dev == report_file.dev && now.ino == report_file.ino;
-}
+static bool names_report_file(int fd) { return os_file_is(fd, &report_file); }
 
-/* The copy takes a number from 100 up, out of the way of the numbers a
- * program counts on; under a lower limit of descriptors (ulimit -n 64),
- * from the upper half of what the limit allows. */
+/* The copy takes a number out of the way of the program's (os_dup_aside). */
 void stats_init(void)
 {
     if (hak_config.stats == STATS_OFF || hak_config.profile_file[0])
         return;
-    report_fd = os_dup(STDERR_FILENO, 100);
-    long files = os_files_limit();
-    if (report_fd < 0 && files > 6 && files <= 100)
-        report_fd = os_dup(STDERR_FILENO, (int)files / 2);
+    report_fd = os_dup_aside(STDERR_FILENO);
     if (report_fd >= 0 && !os_file_id(report_fd, &report_file))
         report_fd = -1;
 }
