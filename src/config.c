@@ -18,6 +18,7 @@ _Alignas(HAK_CONFIG_ALIGN) hak_config_t hak_config = {
     .bigcache_slots = 4,
     .bigcache_max_block = (size_t)64 << 20,
     .arena_trim = (size_t)32 << 20,
+    .mesh = MESH_AUTO,
     .fault_message = true,
     .profile = true,
     .profile_sample = 2 << 20,

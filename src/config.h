@@ -12,7 +12,7 @@ enum purge_advice { PURGE_DONTNEED, PURGE_FREE };
 enum hugepages { HUGEPAGES_NEVER, HUGEPAGES_PREWARMED, HUGEPAGES_ALWAYS };
 enum stats_format { STATS_OFF, STATS_TEXT, STATS_JSON, STATS_PPROF, STATS_FOLDED };
 enum tune_mode { MODE_BASELINE, MODE_EVOLVING };
-enum mesh_mode { MESH_OFF, MESH_ON, MESH_STRESS };
+enum mesh_mode { MESH_OFF, MESH_AUTO, MESH_ON, MESH_STRESS };
 
 /* The options read at setup and exit only come first, so that the ones
  * the allocation paths read start the second line: with the struct

@@ -773,6 +773,8 @@ static void heap_loosen_if_due(heap_t *heap)
         for (slab_t *s = first; s; s = s->next == first ? NULL : s->next) {
             uintptr_t owner = atomic_load_explicit(&s->owner, memory_order_relaxed);
             if (!(owner & SLAB_LOOSE) && mesh_candidate(s, MESH_LOOSEN_SHARE)) {
+                if (!loosened && !mesh_ready())
+                    return;
                 atomic_store_explicit(&s->owner, owner | SLAB_LOOSE, memory_order_relaxed);
                 loosened = true;
             }

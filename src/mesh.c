@@ -89,9 +89,10 @@ typedef struct mesh_scan {
 } mesh_scan_t;
 
 static pthread_mutex_t mesh_lock = PTHREAD_MUTEX_INITIALIZER;
-static bool mesh_on;
+static bool mesh_on;               /* read without the lock (atomic accesses) */
 static const char *off_reason;
 static int memfd = -1, uffd = -1;
+static os_file_id_t memfd_id, uffd_id;
 static bool uffd_full;             /* not limited to faults in user mode */
 static mesh_rec_t *recs, *free_recs;
 static uint32_t file_pages_used;   /* bump pointer into the memfd */
@@ -138,17 +139,36 @@ static void set_owner_flag(slab_t *s, bool on)
 
 /* ---- the kernel's side ------------------------------------------------------- */
 
-/* The memfd and the userfaultfd; false with off_reason set. */
+/* fd moved out of the way of the program's numbers (os_dup_aside), or
+ * left where it is if it cannot be. */
+static int fd_aside(int fd)
+{
+    int aside = fd >= 0 ? os_dup_aside(fd) : -1;
+    if (aside < 0)
+        return fd;
+    os_close(fd);
+    return aside;
+}
+
+/* The memfd and the userfaultfd; false with off_reason set. By default
+ * (auto) only a full userfaultfd will do: with one limited to user-mode
+ * faults, a system call writing into a block while its page is meshed
+ * fails with EFAULT, which the program would see. */
 static bool mesh_open(void)
 {
-    memfd = os_memfd("hakmem-mesh", (uint64_t)MESH_FILE_PAGES * MESH_PAGE);
-    if (memfd < 0) {
+    memfd = fd_aside(os_memfd("hakmem-mesh", (uint64_t)MESH_FILE_PAGES * MESH_PAGE));
+    if (memfd < 0 || !os_file_id(memfd, &memfd_id)) {
         off_reason = "no memfd (memfd_create or ftruncate refused)";
         return false;
     }
     uint64_t needed = UFFD_FEATURE_PAGEFAULT_FLAG_WP | UFFD_FEATURE_WP_HUGETLBFS_SHMEM, supported = 0;
     bool user_mode_only = false;
     int probe = os_userfaultfd(false, 0, &supported);
+    if (probe < 0 && hak_config.mesh == MESH_AUTO) {
+        off_reason = "only a userfaultfd for user-mode faults is granted (a system call writing into a block "
+                     "being meshed would fail with EFAULT; HAKMEM_MESH=on meshes all the same)";
+        return false;
+    }
     if (probe < 0) {
         user_mode_only = true;
         probe = os_userfaultfd(true, 0, &supported);
@@ -162,8 +182,8 @@ static bool mesh_open(void)
         off_reason = "the kernel's userfaultfd has no write protection for shared memory";
         return false;
     }
-    uffd = os_userfaultfd(user_mode_only, needed | (supported & UFFD_FEATURE_WP_UNPOPULATED), NULL);
-    if (uffd < 0) {
+    uffd = fd_aside(os_userfaultfd(user_mode_only, needed | (supported & UFFD_FEATURE_WP_UNPOPULATED), NULL));
+    if (uffd < 0 || !os_file_id(uffd, &uffd_id)) {
         off_reason = "no userfaultfd (the system refuses it)";
         return false;
     }
@@ -171,11 +191,18 @@ static bool mesh_open(void)
     return true;
 }
 
+/* Whether memfd and uffd still name meshing's files. They are the
+ * process's descriptors, which a program may close without knowing them
+ * (a daemon's start closing every descriptor, closefrom) and open its own
+ * files under: a mapping or a punched hole through such a number would
+ * reach the program's file. */
+static bool files_ours(void) { return os_file_is(memfd, &memfd_id) && os_file_is(uffd, &uffd_id); }
+
 static void mesh_close(void)
 {
-    if (memfd >= 0)
+    if (memfd >= 0 && os_file_is(memfd, &memfd_id))
         os_close(memfd);
-    if (uffd >= 0)
+    if (uffd >= 0 && os_file_is(uffd, &uffd_id))
         os_close(uffd);
     memfd = uffd = -1;
 }
@@ -216,7 +243,7 @@ static bool file_page_get(uint32_t *page)
 /* The memfd page goes back to the system and to the stack for reuse. */
 static void file_page_put(uint32_t page)
 {
-    if (memfd >= 0)
+    if (memfd >= 0 && os_file_is(memfd, &memfd_id))
         os_punch_hole(memfd, (uint64_t)page * MESH_PAGE, MESH_PAGE);
     free_file_pages[free_file_count++] = page;
 }
@@ -284,6 +311,8 @@ static size_t max_map_count(void)
     return v > 0 ? (size_t)v : 65530;
 }
 
+/* The checks that cost nothing; the files wait for the first need
+ * (mesh_start). */
 void mesh_init(void)
 {
     if (!hak_config.mesh)
@@ -292,29 +321,72 @@ void mesh_init(void)
         off_reason = "the hardened library keys its canaries by address";
         return;
     }
+#if defined(__SANITIZE_THREAD__)
+    if (hak_config.mesh == MESH_AUTO) { /* it would report the copy and the writers it orders as a race */
+        off_reason = "ThreadSanitizer cannot see the write protection that orders a page's copy and its writers";
+        return;
+    }
+#endif
     if (os_page_size() != MESH_PAGE) {
         off_reason = "the system's pages are not 4 KiB";
         return;
     }
-    if (!mesh_open()) {
-        mesh_close();
-        return;
-    }
-    /* A meshed pair splits up to four mappings off the SuperSlabs': a
-     * fifth of the kernel's limit for them, the rest left to the program. */
-    max_pairs = max_map_count() / 5;
-    free_file_pages = os_map(max_pairs * sizeof *free_file_pages);
-    scans = os_map(MESH_PASS_SLABS * sizeof *scans);
-    if (!free_file_pages || !scans) {
-        off_reason = "no memory for its tables";
-        mesh_close();
-        return;
-    }
-    mesh_on = true;
+    __atomic_store_n(&mesh_on, true, __ATOMIC_RELAXED);
 }
 
-bool mesh_enabled(void) { return mesh_on; }
+/* Meshing stops for good (what it meshed dissolves as before). */
+static void mesh_stop(const char *reason)
+{
+    mesh_close();
+    off_reason = reason;
+    __atomic_store_n(&mesh_on, false, __ATOMIC_RELAXED);
+}
+
+/* Under mesh_lock, before meshing anything: the files open, at the first
+ * need (a short program that never frees much never opens them: opened
+ * at the start, they cost `ls /` 1.06 of its time) and after a fork, in
+ * the child; and still meshing's. False if meshing is off now. */
+static bool mesh_start(void)
+{
+    if (!mesh_enabled())
+        return false;
+    if (memfd >= 0) {
+        if (files_ours())
+            return true;
+        mesh_stop("the program closed meshing's memfd or userfaultfd"); /* closes what is still ours */
+        return false;
+    }
+    if (!mesh_open()) {
+        mesh_stop(off_reason);
+        return false;
+    }
+    if (!scans) {
+        /* A meshed pair splits up to four mappings off the SuperSlabs': a
+         * fifth of the kernel's limit for them, the rest left to the program. */
+        max_pairs = max_map_count() / 5;
+        free_file_pages = os_map(max_pairs * sizeof *free_file_pages);
+        scans = os_map(MESH_PASS_SLABS * sizeof *scans);
+        if (!free_file_pages || !scans) {
+            mesh_stop("no memory for its tables");
+            return false;
+        }
+    }
+    return true;
+}
+
+bool mesh_ready(void)
+{
+    if (!mesh_enabled())
+        return false;
+    pthread_mutex_lock(&mesh_lock);
+    bool ready = mesh_start();
+    pthread_mutex_unlock(&mesh_lock);
+    return ready;
+}
+
+bool mesh_enabled(void) { return __atomic_load_n(&mesh_on, __ATOMIC_RELAXED); }
 const char *mesh_off_reason(void) { return off_reason; }
+bool mesh_started(void) { return memfd >= 0; }
 bool mesh_kernel_writes_wait(void) { return uffd_full; }
 
 void mesh_stats(size_t *pages_now, uint64_t *pages_ever)
@@ -647,12 +719,13 @@ static size_t mesh_walk(size_t m, bool apply, uint64_t deadline_ns, size_t *open
 
 void mesh_slabs(slab_t *const *slabs, size_t n, uint64_t deadline_ns)
 {
-    if (!mesh_on || !n)
+    if (!mesh_enabled() || !n)
         return;
     pthread_mutex_lock(&mesh_lock);
-    if (memfd < 0 && !mesh_open()) { /* a fork child's first pass */
-        mesh_close();
-        mesh_on = false;
+    bool candidates = false;
+    for (size_t i = 0; i < n && !candidates; i++)
+        candidates = mesh_candidate(slabs[i], MESH_SCAN_SHARE);
+    if (!candidates || !mesh_start()) {
         pthread_mutex_unlock(&mesh_lock);
         return;
     }

@@ -20,7 +20,15 @@
 #define MESH_PASS_SLABS 512
 
 void mesh_init(void);
+/* Whether meshing is on, or may turn on at its first need (its memfd and
+ * userfaultfd are opened then). */
 bool mesh_enabled(void);
+/* The files opened if they are not (a caller about to hand slabs over for
+ * meshing): false if meshing is off, or turned off now for what the
+ * system refused. */
+bool mesh_ready(void);
+/* Whether the files are open (meshing has met a need). */
+bool mesh_started(void);
 /* Why meshing is off though HAKMEM_MESH asks for it; NULL otherwise. */
 const char *mesh_off_reason(void);
 /* Whether writes into a block being meshed by a system call wait (a full

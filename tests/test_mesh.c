@@ -9,7 +9,13 @@
  * the pages of a thread that freed most of its blocks and sleeps, and a
  * process that locked its memory meshes as any other.
  * Run with HAKMEM_MESH=on and HAKMEM_ON_ERROR=warn (ctest sets both);
- * exits 77 (skipped) where the system refuses what meshing needs. */
+ * exits 77 (skipped) where the system refuses what meshing needs.
+ *
+ * `test_mesh auto`, with HAKMEM_MESH unset: by default meshing opens its
+ * files at the first slabs to mesh and not before, out of the way of the
+ * program's descriptor numbers; turns off where only a user-mode
+ * userfaultfd is granted; and stops, touching nothing, once the program
+ * closed its memfd and put a file of its own at that number. */
 #define _GNU_SOURCE
 #include "check.h"
 #include "rss.h"
@@ -18,8 +24,11 @@
 #include <malloc.h>
 #include <pthread.h>
 #include <stdatomic.h>
+#include <dirent.h>
+#include <linux/capability.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 
 #define BLOCKS 60000
@@ -437,8 +446,157 @@ static void test_mlocked(void)
     CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
 }
 
-int main(void)
+/* ---- the default (auto) ---------------------------------------------------- */
+
+/* The descriptor of meshing's memfd, by its name; -1 if none is open. */
+static int mesh_memfd(void)
 {
+    int found = -1;
+    DIR *d = opendir("/proc/self/fd");
+    for (struct dirent *e; d && (e = readdir(d));) {
+        char path[64], target[256];
+        snprintf(path, sizeof path, "/proc/self/fd/%s", e->d_name);
+        ssize_t n = readlink(path, target, sizeof target - 1);
+        if (n > 0 && (target[n] = 0, strstr(target, "memfd:hakmem-mesh")))
+            found = atoi(e->d_name);
+    }
+    if (d)
+        closedir(d);
+    return found;
+}
+
+/* Whether this process may open a userfaultfd for every fault, as
+ * meshing's default wants. */
+static bool full_userfaultfd(void)
+{
+    int fd = (int)syscall(SYS_userfaultfd, O_CLOEXEC);
+    if (fd >= 0)
+        close(fd);
+    return fd >= 0;
+}
+
+/* A round: fill, free a random 70%, malloc_trim; the pages meshed. */
+static uint64_t round_meshed(unsigned seed)
+{
+    fill_all(blocks, BLOCKS);
+    free_most(blocks, BLOCKS, freed, seed);
+    uint64_t ever = stats().mesh_pages_ever;
+    malloc_trim(0);
+    return stats().mesh_pages_ever - ever;
+}
+
+static void free_all(void)
+{
+    for (size_t i = 0; i < BLOCKS; i++) {
+        free(blocks[i].p);
+        blocks[i].p = NULL;
+    }
+}
+
+/* The test's first check: the C library's start and the test's own
+ * allocations so far freed nothing much, so no file is open yet. */
+static void test_auto_starts_at_need(bool full)
+{
+    CHECK(mesh_memfd() < 0);
+    uint64_t meshed = round_meshed(11);
+    printf("auto, %s userfaultfd: %llu pages meshed, memfd at descriptor %d\n", full ? "a full" : "no full",
+           (unsigned long long)meshed, mesh_memfd());
+    CHECK(blocks_broken(blocks, BLOCKS) == 0);
+    if (full) {
+        CHECK(meshed > 1000 && stats().meshing);
+        CHECK(mesh_memfd() >= 100 || mesh_memfd() >= getdtablesize() / 2);
+    } else {
+        CHECK(meshed == 0 && !stats().meshing && mesh_memfd() < 0);
+    }
+    free_all();
+    malloc_trim(0);
+    CHECK(stats().mesh_pages == 0);
+}
+
+/* Without CAP_SYS_PTRACE (and vm.unprivileged_userfaultfd=0), only a
+ * user-mode userfaultfd is granted: a child of a process that meshed
+ * opens its own files at its first pass, and the default turns off. */
+static void test_auto_refuses_user_mode(void)
+{
+    fflush(stdout);
+    pid_t pid = fork();
+    if (pid == 0) {
+        struct __user_cap_header_struct head = {_LINUX_CAPABILITY_VERSION_3, 0};
+        struct __user_cap_data_struct caps[2];
+        if (syscall(SYS_capget, &head, caps) != 0)
+            _exit(77);
+        caps[0].effective &= ~(1u << CAP_SYS_PTRACE);
+        caps[0].permitted &= ~(1u << CAP_SYS_PTRACE);
+        if (syscall(SYS_capset, &head, caps) != 0 || full_userfaultfd())
+            _exit(77); /* vm.unprivileged_userfaultfd=1: every process gets the full one */
+        uint64_t meshed = round_meshed(13);
+        bool ok = meshed == 0 && !stats().meshing && blocks_broken(blocks, BLOCKS) == 0;
+        printf("auto, the child without CAP_SYS_PTRACE: %llu pages meshed, meshing %s\n",
+               (unsigned long long)meshed, stats().meshing ? "on" : "off");
+        free_all();
+        fflush(stdout);
+        _exit(ok ? 0 : 1);
+    }
+    int status = 0;
+    CHECK(pid > 0 && waitpid(pid, &status, 0) == pid);
+    if (WIFEXITED(status) && WEXITSTATUS(status) == 77) {
+        printf("auto without a full userfaultfd: not checked (every process gets one here)\n");
+        return;
+    }
+    CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+}
+
+/* The program closes meshing's memfd and opens a file of its own at its
+ * number (as a daemon closing every descriptor might): freeing meshed
+ * slabs punches no hole into that file, and the next pass stops meshing
+ * instead of mapping the file into slabs. */
+static void test_auto_files_closed(void)
+{
+    CHECK(round_meshed(17) > 1000);
+    int fd = mesh_memfd();
+    char path[] = "/tmp/hakmem-mesh-XXXXXX";
+    int file = mkstemp(path);
+    CHECK(fd >= 0 && file >= 0);
+    unlink(path);
+    static char pattern[64 << 10], back[64 << 10];
+    memset(pattern, 0x5a, sizeof pattern);
+    CHECK(write(file, pattern, sizeof pattern) == (ssize_t)sizeof pattern);
+    CHECK(dup2(file, fd) == fd); /* meshing's file closed, the program's at its number */
+    close(file);
+    free_all();
+    malloc_trim(0); /* every meshed slab dissolved: its memfd pages would be punched */
+    uint64_t meshed = round_meshed(19);
+    CHECK(meshed == 0 && !stats().meshing && blocks_broken(blocks, BLOCKS) == 0);
+    bool intact = pread(fd, back, sizeof back, 0) == (ssize_t)sizeof back && !memcmp(back, pattern, sizeof back) &&
+                  lseek(fd, 0, SEEK_END) == (off_t)sizeof pattern;
+    CHECK(intact);
+    printf("auto, its memfd closed under it: %llu pages meshed after, the program's file %s\n",
+           (unsigned long long)meshed, intact ? "intact" : "changed");
+    free_all();
+    close(fd);
+}
+
+static int test_auto(void)
+{
+    if (getenv("HAKMEM_MESH")) {
+        printf("test_mesh auto checks the default: run it with HAKMEM_MESH unset\n");
+        return 1;
+    }
+    bool full = full_userfaultfd();
+    test_auto_starts_at_need(full);
+    if (!stats().meshing) {
+        printf("meshing is off here (HAKMEM_STATS=1 says why): the rest not checked\n");
+        return check_summary("mesh auto");
+    }
+    test_auto_refuses_user_mode();
+    test_auto_files_closed();
+    return check_summary("mesh auto");
+}
+
+int main(int argc, char **argv)
+{
+    if (argc > 1 && !strcmp(argv[1], "auto"))
+        return test_auto();
     hak_stats_t s = stats();
     if (!s.meshing) {
         printf("meshing is off here (HAKMEM_MESH unset, or the system refuses it: HAKMEM_STATS=1 says why)\n");
