@@ -82,8 +82,6 @@
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
-#include <linux/filter.h>
-#include <linux/seccomp.h>
 #include <malloc.h>
 #include <pthread.h>
 #include <sched.h>
@@ -102,6 +100,7 @@
 #include "check.h"
 #include "hakmem.h"
 #include "rss.h"
+#include "seccomp_filter.h"
 
 #define MiB ((size_t)1 << 20)
 
@@ -694,29 +693,6 @@ static void fill_arena_front(void)
         for (size_t i = 0; i < n; i++)
             free(block[i]);
     }
-}
-
-/* A filter that lets the usual calls through, answers open as `open`
- * says (0: EACCES) and kills the process for any other. */
-static bool install_filter(bool open_allowed)
-{
-    static const long usual[] = {SYS_read, SYS_write, SYS_close, SYS_exit, SYS_exit_group, SYS_mmap, SYS_munmap,
-                                 SYS_mprotect, SYS_mremap, SYS_madvise, SYS_brk, SYS_futex, SYS_clock_gettime,
-                                 SYS_clock_nanosleep, SYS_nanosleep, SYS_rt_sigprocmask, SYS_getpid, SYS_gettid,
-                                 SYS_getrandom, SYS_fstat, SYS_newfstatat, SYS_lseek};
-    enum { USUAL = sizeof usual / sizeof usual[0] };
-    struct sock_filter code[1 + 2 * USUAL + 3];
-    unsigned n = 0;
-    code[n++] = (struct sock_filter)BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, nr));
-    for (unsigned i = 0; i < USUAL; i++) {
-        code[n++] = (struct sock_filter)BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, (uint32_t)usual[i], 0, 1);
-        code[n++] = (struct sock_filter)BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW);
-    }
-    code[n++] = (struct sock_filter)BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_openat, 0, 1);
-    code[n++] = (struct sock_filter)BPF_STMT(BPF_RET | BPF_K, open_allowed ? SECCOMP_RET_ALLOW : SECCOMP_RET_ERRNO | EACCES);
-    code[n++] = (struct sock_filter)BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_KILL_PROCESS);
-    struct sock_fprog program = {(unsigned short)n, code};
-    return prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) == 0 && prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &program) == 0;
 }
 
 static void mode_seccomp(void)
