@@ -105,6 +105,7 @@ static mesh_scan_t *scans;         /* MESH_PASS_SLABS of them, mapped once */
 static char page_buf[MESH_PAGE];
 
 static void *fork_copies;          /* the views' bytes across a fork */
+static bool fork_protected;        /* their writers held off meanwhile */
 static size_t fork_views;
 
 /* ---- bits ------------------------------------------------------------------ */
@@ -138,6 +139,14 @@ static void set_owner_flag(slab_t *s, bool on)
 }
 
 /* ---- the kernel's side ------------------------------------------------------- */
+
+/* Whether the calling thread may make meshing's system calls (memfd_create,
+ * userfaultfd and its ioctls, pwrite, fallocate): not under a seccomp
+ * filter, which may kill the process for any of them (OpenSSH's sandbox
+ * would, and a default that meshes must not end a login). Asked at each
+ * pass with slabs to mesh and each dissolve, not kept: the thread may
+ * install a filter between two (a read of /proc, 14 us). */
+static bool thread_may_mesh(void) { return !os_thread_filtered(); }
 
 /* fd moved out of the way of the program's numbers (os_dup_aside), or
  * left where it is if it cannot be. */
@@ -240,10 +249,11 @@ static bool file_page_get(uint32_t *page)
     return true;
 }
 
-/* The memfd page goes back to the system and to the stack for reuse. */
-static void file_page_put(uint32_t page)
+/* The memfd page goes back to the stack for reuse, and to the system
+ * where `punch` (the thread may punch a hole: thread_may_mesh). */
+static void file_page_put(uint32_t page, bool punch)
 {
-    if (memfd >= 0 && os_file_is(memfd, &memfd_id))
+    if (punch && memfd >= 0 && os_file_is(memfd, &memfd_id))
         os_punch_hole(memfd, (uint64_t)page * MESH_PAGE, MESH_PAGE);
     free_file_pages[free_file_count++] = page;
 }
@@ -376,7 +386,7 @@ static bool mesh_start(void)
 
 bool mesh_ready(void)
 {
-    if (!mesh_enabled())
+    if (!mesh_enabled() || !thread_may_mesh())
         return false;
     pthread_mutex_lock(&mesh_lock);
     bool ready = mesh_start();
@@ -576,7 +586,7 @@ static bool mesh_pair(mesh_scan_t *x, mesh_scan_t *y, unsigned k)
             page_unprotect(vy);
         undo_apply(&undo, both, lo, hi);
         if (got)
-            file_page_put(fp);
+            file_page_put(fp, true); /* in a pass: thread_may_mesh */
         rec_drop_unused(x->s);
         rec_drop_unused(y->s);
         return false;
@@ -721,11 +731,13 @@ void mesh_slabs(slab_t *const *slabs, size_t n, uint64_t deadline_ns)
 {
     if (!mesh_enabled() || !n)
         return;
-    pthread_mutex_lock(&mesh_lock);
     bool candidates = false;
     for (size_t i = 0; i < n && !candidates; i++)
         candidates = mesh_candidate(slabs[i], MESH_SCAN_SHARE);
-    if (!candidates || !mesh_start()) {
+    if (!candidates || !thread_may_mesh())
+        return;
+    pthread_mutex_lock(&mesh_lock);
+    if (!mesh_start()) {
         pthread_mutex_unlock(&mesh_lock);
         return;
     }
@@ -785,6 +797,7 @@ void mesh_dissolve(slab_t *s)
     mesh_rec_t *r = s->mesh;
     if (!r)
         return;
+    int punch = -1; /* asked at the first page to punch */
     pthread_mutex_lock(&mesh_lock);
     for (unsigned k = 0; k < MESH_PAGES; k++) {
         mesh_page_t *pg = &r->page[k];
@@ -798,7 +811,9 @@ void mesh_dissolve(slab_t *s)
             if (pg->file_page)
                 atomic_fetch_sub_explicit(&stat_pages_now, 1, memory_order_relaxed);
         } else if (pg->file_page) {
-            file_page_put(pg->file_page - 1);
+            if (punch < 0)
+                punch = thread_may_mesh();
+            file_page_put(pg->file_page - 1, punch);
         }
         if (pg->vacant) {
             atomic_fetch_sub_explicit(&vacant_pages, 1, memory_order_relaxed);
@@ -858,11 +873,16 @@ void mesh_fork_prepare(void)
     fork_views++;
     if (!fork_views || !(fork_copies = os_map(fork_views * MESH_PAGE)))
         return;
+    /* Under a seccomp filter the ioctls could kill: the copy is taken
+     * without them, and a write racing with the fork may miss the
+     * child, as it may under any fork. */
+    fork_protected = thread_may_mesh();
     size_t n = 0;
     FOR_EACH_VIEW(r, k)
     {
         char *v = r->slab->start + k * MESH_PAGE;
-        page_protect(v);
+        if (fork_protected)
+            page_protect(v);
         memcpy((char *)fork_copies + n++ * MESH_PAGE, v, MESH_PAGE);
     }
 }
@@ -870,8 +890,9 @@ void mesh_fork_prepare(void)
 void mesh_fork_parent(void)
 {
     if (fork_copies) {
-        FOR_EACH_VIEW(r, k)
-        page_unprotect(r->slab->start + k * MESH_PAGE);
+        if (fork_protected)
+            FOR_EACH_VIEW(r, k)
+            page_unprotect(r->slab->start + k * MESH_PAGE);
         os_unmap(fork_copies, fork_views * MESH_PAGE);
         fork_copies = NULL;
     }

@@ -14,11 +14,13 @@
  * `test_mesh auto`, with HAKMEM_MESH unset: by default meshing opens its
  * files at the first slabs to mesh and not before, out of the way of the
  * program's descriptor numbers; turns off where only a user-mode
- * userfaultfd is granted; and stops, touching nothing, once the program
- * closed its memfd and put a file of its own at that number. */
+ * userfaultfd is granted; makes none of its system calls under a
+ * seccomp filter; and stops, touching nothing, once the program closed
+ * its memfd and put a file of its own at that number. */
 #define _GNU_SOURCE
 #include "check.h"
 #include "rss.h"
+#include "seccomp_filter.h"
 
 #include <fcntl.h>
 #include <malloc.h>
@@ -546,6 +548,44 @@ static void test_auto_refuses_user_mode(void)
     CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
 }
 
+/* Under a seccomp filter that kills for memfd_create, userfaultfd, ioctl,
+ * pwrite or fallocate (as a sandbox's may), the default meshes nothing
+ * and the process lives: in a child filtered before meshing's first
+ * need, and in one filtered once it had meshed pages, whose frees then
+ * dissolve the meshed slabs without punching the memfd. */
+static void test_auto_under_seccomp(void)
+{
+    for (int meshed_first = 0; meshed_first < 2; meshed_first++) {
+        fflush(stdout);
+        pid_t pid = fork();
+        if (pid == 0) {
+            uint64_t before = meshed_first ? round_meshed(23) : 0;
+            if (!install_filter(false))
+                _exit(77);
+            free_all(); /* meshed slabs dissolve here */
+            malloc_trim(0);
+            uint64_t meshed = round_meshed(29);
+            bool ok = (!meshed_first || before > 1000) && meshed == 0 && blocks_broken(blocks, BLOCKS) == 0;
+            free_all();
+            malloc_trim(0);
+            printf("auto under a seccomp filter (%s): %llu pages meshed before it, %llu under it\n",
+                   meshed_first ? "after meshing" : "from the start", (unsigned long long)before,
+                   (unsigned long long)meshed);
+            fflush(stdout);
+            _exit(ok ? 0 : 1);
+        }
+        int status = 0;
+        CHECK(pid > 0 && waitpid(pid, &status, 0) == pid);
+        if (WIFEXITED(status) && WEXITSTATUS(status) == 77) {
+            printf("auto under a seccomp filter: the kernel refuses a filter here, not checked\n");
+            return;
+        }
+        if (WIFSIGNALED(status))
+            printf("auto under a seccomp filter: the child was killed by signal %d\n", WTERMSIG(status));
+        CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    }
+}
+
 /* The program closes meshing's memfd and opens a file of its own at its
  * number (as a daemon closing every descriptor might): freeing meshed
  * slabs punches no hole into that file, and the next pass stops meshing
@@ -589,6 +629,7 @@ static int test_auto(void)
         return check_summary("mesh auto");
     }
     test_auto_refuses_user_mode();
+    test_auto_under_seccomp();
     test_auto_files_closed();
     return check_summary("mesh auto");
 }
