@@ -375,7 +375,7 @@ void hak_free_irregular(slab_t *s, void *p, const char *op)
         hak_remote_free(s, block);
         return;
     }
-    if (owner & SLAB_STASHES_FREES) {
+    if ((owner & (SLAB_STASHES_FREES | SLAB_MESHED)) == SLAB_STASHES_FREES) { /* a meshed one's: below */
         while (unlikely(!heap_mid_enter(heap)))
             heap_mid_wait(heap);
         bool pushed = heap_mid_push(heap, s, block);

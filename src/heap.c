@@ -675,7 +675,7 @@ static bool slab_would_carve(slab_t *s)
 
 static void heap_take_class(heap_t *heap, heap_t *from, unsigned c);
 
-/* Meshing (mesh.c) over a tiny class's slabs on the owned list (all of
+/* Meshing (mesh.c) over a class's slabs on the owned list (all of
  * them after a collect; the current one, whose blocks are in the cache,
  * is not there), until deadline_ns (0: none): a meshed slab left with no
  * live block of its own goes back first. */
@@ -815,7 +815,7 @@ void heap_sampled(heap_t *heap)
  * back for holding no live block takes them again (mesh_unvacate). */
 static slab_t *heap_unvacate(heap_t *heap, unsigned c)
 {
-    if (!class_is_tiny(c) || !mesh_has_vacant())
+    if (hak_class_span[c] != 1 || !mesh_has_vacant())
         return NULL;
     slab_t *first = heap->owned[c];
     for (slab_t *s = first; s; s = s->next == first ? NULL : s->next)
@@ -1082,9 +1082,10 @@ void heap_collect(heap_t *heap, bool unmap_now, uint64_t mesh_deadline_ns)
                 slab_purge_free_blocks(s);
     }
     heap_mid_caches_emptied(heap);
-    if (mesh_enabled())
-        for (unsigned c = 0; c < TINY_CLASSES && (!mesh_deadline_ns || os_now_ns() <= mesh_deadline_ns); c++)
-            heap_mesh_class(heap, c, mesh_deadline_ns);
+    if (mesh_enabled()) /* every class of one slab page: tiny, and mid up to 8 KiB */
+        for (unsigned c = 0; c < CLASS_COUNT && (!mesh_deadline_ns || os_now_ns() <= mesh_deadline_ns); c++)
+            if (hak_class_span[c] == 1)
+                heap_mesh_class(heap, c, mesh_deadline_ns);
     heap_release_spares(heap, heap);
     hak_assert(heap->kept_empty_bytes == 0); /* no slab is kept: the accounts agree */
     superslab_give_back_empty(heap, unmap_now);

@@ -1,11 +1,12 @@
 /* Meshing (mesh.h): compaction without moving a pointer.
  *
- * Two tiny slabs X and Y of one class have their blocks at the same
- * offsets. Where, on the 4 KiB page at offset k of both, no block live in
- * X overlaps one live in Y, the two pages can be one physical page: the
- * live bytes of both are copied into a page of a memfd, which is then
- * mapped over both virtual pages (MAP_SHARED | MAP_FIXED); the two
- * anonymous pages go. Pointers never change.
+ * Two slabs X and Y of one class of one slab page (tiny, or mid up to 8
+ * KiB) have their blocks at the same offsets. Where, on the 4 KiB page at
+ * offset k of both, no block live in X overlaps one live in Y, the two
+ * pages can be one physical page: the live bytes of both are copied into
+ * a page of a memfd, which is then mapped over both virtual pages
+ * (MAP_SHARED | MAP_FIXED); the two anonymous pages go. Pointers never
+ * change.
  *
  * Each block slot overlapping a meshed page is then used through one of
  * the two slabs at most; the other reserves it. A reserved slot counts as
@@ -423,16 +424,16 @@ uint32_t mesh_reserved(const slab_t *s)
 
 /* ---- a pass ------------------------------------------------------------------- */
 
-/* A slab meshing may take: in use, and 1 / free_share of its carved
- * blocks free at least, but with HAKMEM_MESH=stress. A pass scans those
- * a quarter free (MESH_SCAN_SHARE: a fuller one has few pages sparse
- * enough to mesh, and the scans of a growing program's full slabs took
- * 3.7 ms a pass). Only its pages below what it carved mesh: a carve
+/* A slab meshing may take: of one slab page, in use, and 1 / free_share
+ * of its carved blocks free at least, but with HAKMEM_MESH=stress. A
+ * pass scans those a quarter free (MESH_SCAN_SHARE: a fuller one has few
+ * pages sparse enough to mesh, and the scans of a growing program's full
+ * slabs took 3.7 ms a pass). Only its pages below what it carved mesh: a carve
  * hands blocks out without a look at the reserved ones. */
 bool mesh_candidate(const slab_t *s, uint32_t free_share)
 {
     uintptr_t owner = atomic_load_explicit(&s->owner, memory_order_relaxed);
-    return s->in_use && s->span == 1 && class_is_tiny(s->class_idx) && s->carved && s->used &&
+    return s->in_use && s->span == 1 && s->carved && s->used &&
            (hak_config.mesh == MESH_STRESS || s->carved - s->used >= s->carved / free_share) && !s->parked &&
            !(owner & SLAB_ALIGNED) && !((uintptr_t)s->start & (MESH_PAGE - 1)) && s->capacity <= MESH_MAX_SLOTS;
 }

@@ -1,10 +1,11 @@
-/* Layer 5, meshing (mesh.c): two tiny slabs of one class whose live
- * blocks on a 4 KiB page at the same offset do not overlap share one
- * physical page, so that memory follows live data without moving a
- * pointer (after Mesh, PLDI 2019), and pages with no live block go back
- * alone. The owner meshes its own slabs (hak_collect, malloc_trim, a
- * refill that would grow the heap), the purger those a thread loosened
- * (heap.c); docs/architecture.md, "Meshing". */
+/* Layer 5, meshing (mesh.c): two slabs of one class of one slab page
+ * (tiny, or mid up to 8 KiB) whose live blocks on a 4 KiB page at the
+ * same offset do not overlap share one physical page, so that memory
+ * follows live data without moving a pointer (after Mesh, PLDI 2019),
+ * and pages with no live block go back alone. The owner meshes its own
+ * slabs (hak_collect, malloc_trim, a refill that would grow the heap),
+ * the purger those a thread loosened (heap.c); docs/architecture.md,
+ * "Meshing". */
 #ifndef HAKMEM_MESH_H
 #define HAKMEM_MESH_H
 
@@ -41,13 +42,13 @@ bool mesh_slot_reserved(const slab_t *s, const void *b);
 /* The blocks of s that are its partners' (counted in s->used). */
 uint32_t mesh_reserved(const slab_t *s);
 
-/* Whether meshing may take s: a tiny slab in use with 1 / free_share of
- * its carved blocks free at least (but with HAKMEM_MESH=stress). A pass
- * looks at the slabs a quarter free. */
+/* Whether meshing may take s: a slab of one slab page in use with 1 /
+ * free_share of its carved blocks free at least (but with
+ * HAKMEM_MESH=stress). A pass looks at the slabs a quarter free. */
 #define MESH_SCAN_SHARE 4
 bool mesh_candidate(const slab_t *s, uint32_t free_share);
 
-/* Mesh what it can among n slabs of one tiny class that the caller owns,
+/* Mesh what it can among n slabs of one class that the caller owns,
  * each with its exact lists (none of its blocks in a cache), until
  * os_now_ns() passes deadline_ns (0: no deadline). A pass with a deadline
  * is paced: it meshes nothing unless that gives back enough of the pages

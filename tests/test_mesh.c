@@ -7,7 +7,9 @@
  * with its parent, freeing everything unmeshes every page, a thread's
  * exit meshes only where that gives back enough, the purger meshes
  * the pages of a thread that freed most of its blocks and sleeps, and a
- * process that locked its memory meshes as any other.
+ * process that locked its memory meshes as any other. Mid blocks of up
+ * to 8 KiB (slabs of one slab page) mesh at the trim as tiny ones do,
+ * through a fork and frees by another thread.
  * Run with HAKMEM_MESH=on and HAKMEM_ON_ERROR=warn (ctest sets both);
  * exits 77 (skipped) where the system refuses what meshing needs.
  *
@@ -116,6 +118,73 @@ static void test_mesh_returns_pages(void)
     /* Each pair gives back a page; the memfd page both map counts once. */
     size_t after = pss_bytes();
     CHECK(after + s.mesh_pages * 4096 / 2 <= before);
+}
+
+/* Mid blocks (1-8 KiB, slabs of one slab page) mesh as tiny ones do: a
+ * page of 1.1-3 KiB blocks holds parts of two to four, and a random 30%
+ * of them live leaves pages whose live parts miss each other. */
+#define MID_BLOCKS 12000
+static void *free_every_other_mid(void *arg)
+{
+    block_t *set = arg;
+    for (size_t i = 0; i < MID_BLOCKS; i += 2) {
+        free(set[i].p);
+        set[i].p = NULL;
+    }
+    return NULL;
+}
+
+static void test_mid_meshes(void)
+{
+    static const size_t mid_sizes[] = {1100, 1600, 2200, 3000};
+    static block_t mid[MID_BLOCKS];
+    static void *mid_freed[MID_BLOCKS];
+    for (size_t i = 0; i < MID_BLOCKS; i++) {
+        mid[i].size = mid_sizes[i % 4];
+        mid[i].p = malloc(mid[i].size);
+        CHECK(mid[i].p && hak_owns(mid[i].p));
+        block_fill(&mid[i], (unsigned char)(3 + i % 249));
+    }
+    size_t n_freed = free_most(mid, MID_BLOCKS, mid_freed, 5);
+    uint64_t ever = stats().mesh_pages_ever;
+    size_t before = pss_bytes();
+    malloc_trim(0);
+    uint64_t meshed = stats().mesh_pages_ever - ever;
+    printf("mid: meshed %llu pages; Pss %zu -> %zu KiB\n", (unsigned long long)meshed, before >> 10,
+           pss_bytes() >> 10);
+    CHECK(meshed > 500 && blocks_broken(mid, MID_BLOCKS) == 0);
+    CHECK(pss_bytes() + meshed * 4096 / 2 <= before);
+    int saved = dup(2), null = open("/dev/null", O_WRONLY);
+    dup2(null, 2); /* each a report (HAKMEM_ON_ERROR=warn), none on a list */
+    for (size_t i = 0; i < n_freed; i++)
+        free(mid_freed[i]);
+    dup2(saved, 2);
+    close(saved);
+    close(null);
+    for (size_t i = 0; i < MID_BLOCKS; i++) /* the holes refilled: no live block handed out again */
+        if (!mid[i].p) {
+            mid[i].p = malloc(mid[i].size);
+            block_fill(&mid[i], 0xa5);
+        }
+    CHECK(blocks_broken(mid, MID_BLOCKS) == 0);
+    fflush(stdout);
+    pid_t pid = fork(); /* the child reads them as they were, its writes its own */
+    if (pid == 0) {
+        size_t broken = blocks_broken(mid, MID_BLOCKS);
+        for (size_t i = 0; i < MID_BLOCKS; i++)
+            block_fill(&mid[i], 0x3c);
+        _exit(broken == 0 && blocks_broken(mid, MID_BLOCKS) == 0 ? 0 : 1);
+    }
+    int status = 0;
+    CHECK(pid > 0 && waitpid(pid, &status, 0) == pid && WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    CHECK(blocks_broken(mid, MID_BLOCKS) == 0);
+    pthread_t t; /* half of them freed by another thread, onto the meshed slabs' remote lists */
+    CHECK(pthread_create(&t, NULL, free_every_other_mid, mid) == 0 && pthread_join(t, NULL) == 0);
+    CHECK(blocks_broken(mid, MID_BLOCKS) == 0);
+    for (size_t i = 0; i < MID_BLOCKS; i++)
+        free(mid[i].p);
+    malloc_trim(0);
+    CHECK(stats().mesh_pages == 0);
 }
 
 /* Every block freed before the mesh is freed again: each one a report
@@ -643,6 +712,7 @@ int main(int argc, char **argv)
         printf("meshing is off here (HAKMEM_MESH unset, or the system refuses it: HAKMEM_STATS=1 says why)\n");
         return 77;
     }
+    test_mid_meshes();
     test_mesh_returns_pages();
     test_double_frees_refused();
     test_fork();
