@@ -9,7 +9,8 @@
  * the pages of a thread that freed most of its blocks and sleeps, and a
  * process that locked its memory meshes as any other. Mid blocks of up
  * to 8 KiB (slabs of one slab page) mesh at the trim as tiny ones do,
- * through a fork and frees by another thread.
+ * through a fork and frees by another thread; blocks freed in a pattern
+ * mesh (the carve's random order).
  * Run with HAKMEM_MESH=on and HAKMEM_ON_ERROR=warn (ctest sets both);
  * exits 77 (skipped) where the system refuses what meshing needs.
  *
@@ -118,6 +119,39 @@ static void test_mesh_returns_pages(void)
     /* Each pair gives back a page; the memfd page both map counts once. */
     size_t after = pss_bytes();
     CHECK(after + s.mesh_pages * 4096 / 2 <= before);
+}
+
+/* A program that frees in a pattern (of every 32 blocks taken in a row,
+ * the first 8 kept) leaves the same live slots on every page where the
+ * blocks lie in the order taken, and no two pages mesh (0 pages with
+ * the slabs carved in order); with meshing on, a carve threads its page's
+ * blocks in a random order, and they do. */
+#define PATTERN_BLOCKS 100000
+static void test_pattern_meshes(void)
+{
+    static char *p[PATTERN_BLOCKS];
+    for (size_t i = 0; i < PATTERN_BLOCKS; i++) {
+        p[i] = malloc(64);
+        CHECK(p[i] != NULL);
+        memset(p[i], (int)(i % 251), 64);
+    }
+    for (size_t i = 0; i < PATTERN_BLOCKS; i++)
+        if ((i / 8) % 4) {
+            free(p[i]);
+            p[i] = NULL;
+        }
+    uint64_t ever = stats().mesh_pages_ever;
+    malloc_trim(0);
+    uint64_t meshed = stats().mesh_pages_ever - ever;
+    size_t broken = 0;
+    for (size_t i = 0; i < PATTERN_BLOCKS; i++)
+        for (size_t j = 0; p[i] && j < 64; j++)
+            broken += p[i][j] != (char)(i % 251);
+    printf("a pattern of frees: %llu pages meshed\n", (unsigned long long)meshed);
+    CHECK(meshed > 300 && broken == 0);
+    for (size_t i = 0; i < PATTERN_BLOCKS; i++)
+        free(p[i]);
+    malloc_trim(0);
 }
 
 /* Mid blocks (1-8 KiB, slabs of one slab page) mesh as tiny ones do: a
@@ -712,6 +746,7 @@ int main(int argc, char **argv)
         printf("meshing is off here (HAKMEM_MESH unset, or the system refuses it: HAKMEM_STATS=1 says why)\n");
         return 77;
     }
+    test_pattern_meshes();
     test_mid_meshes();
     test_mesh_returns_pages();
     test_double_frees_refused();
