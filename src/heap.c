@@ -331,9 +331,9 @@ static void heap_set_cur(heap_t *heap, unsigned c, slab_t *s)
     slab_t *old = heap->cur[c];
     if (old == s)
         return;
-    if (s && atomic_load_explicit(&s->owner, memory_order_relaxed) & SLAB_LOOSE)
-        atomic_store_explicit(&s->owner, atomic_load_explicit(&s->owner, memory_order_relaxed) & ~(uintptr_t)SLAB_LOOSE,
-                              memory_order_relaxed);
+    uintptr_t owner = s ? atomic_load_explicit(&s->owner, memory_order_relaxed) : 0;
+    if (owner & SLAB_LOOSE)
+        atomic_store_explicit(&s->owner, owner & ~(uintptr_t)SLAB_LOOSE, memory_order_relaxed);
     if (class_stashes_frees(c)) {
         uintptr_t flag = hak_claims_on ? SLAB_STASHES_FREES : 0;
         if (old)

@@ -428,8 +428,8 @@ uint32_t mesh_reserved(const slab_t *s)
  * of its carved blocks free at least, but with HAKMEM_MESH=stress. A
  * pass scans those a quarter free (MESH_SCAN_SHARE: a fuller one has few
  * pages sparse enough to mesh, and the scans of a growing program's full
- * slabs took 3.7 ms a pass). Only its pages below what it carved mesh: a carve
- * hands blocks out without a look at the reserved ones. */
+ * slabs took 3.7 ms a pass). Only its pages below what it carved mesh: a
+ * carve hands blocks out without a look at the reserved ones. */
 bool mesh_candidate(const slab_t *s, uint32_t free_share)
 {
     uintptr_t owner = atomic_load_explicit(&s->owner, memory_order_relaxed);
@@ -868,16 +868,15 @@ void mesh_fork_prepare(void)
     pthread_mutex_lock(&mesh_lock);
     fork_views = 0;
     fork_copies = NULL;
-    if (memfd < 0)
-        return;
-    FOR_EACH_VIEW(r, k)
+    FOR_EACH_VIEW(r, k) /* views outlive the files where meshing stopped (mesh_start) */
     fork_views++;
     if (!fork_views || !(fork_copies = os_map(fork_views * MESH_PAGE)))
         return;
-    /* Under a seccomp filter the ioctls could kill: the copy is taken
-     * without them, and a write racing with the fork may miss the
-     * child, as it may under any fork. */
-    fork_protected = thread_may_mesh();
+    /* Under a seccomp filter the ioctls could kill, and without its
+     * userfaultfd there are none to make: the copy is taken without them,
+     * and a write racing with the fork may miss the child, as it may under
+     * any fork. */
+    fork_protected = uffd >= 0 && os_file_is(uffd, &uffd_id) && thread_may_mesh();
     size_t n = 0;
     FOR_EACH_VIEW(r, k)
     {
