@@ -748,32 +748,18 @@ static void heap_mesh_if_due(heap_t *heap, bool every_refill, unsigned refill_cl
     }
 }
 
-/* HAKMEM_MESH: a refill or a sample (heap_sampled), where the last look
- * is 100 ms old (at every one with stress), loosens the owned tiny slabs
- * an eighth free: from now on the owner's frees of their blocks take
- * their remote lists (hak_free_irregular), and the purger, under its
- * claim (which keeps the owner's list updates off), may mesh them while
- * the thread runs or sleeps (heaps_mesh_loose). A thread that frees much
- * and then waits, as a server between requests, never grows, and its
- * memory followed its live data only at a malloc_trim: redis-server
- * after a 70% deletion held 3.24 times its data, as without meshing. A
- * pass meshes the slabs a quarter free; loosened at a quarter too, the
- * slabs of one run of redis-server's deletion in five were still below
- * it at the last look, and kept every page. A slab is loose until it is
- * current again (heap_set_cur). Not without claims (no membarrier): the
- * purger could not keep the owner off. Inside the list flag. */
+/* The owned slabs of the classes [from_class, to_class) of one slab page
+ * that meshing could use (an eighth free) become loose: the owner's frees
+ * of their blocks take their remote lists (hak_free_irregular), and the
+ * purger, under its claim of the lists, may mesh them (heaps_mesh_loose).
+ * A slab is loose until it is current again (heap_set_cur). Inside the
+ * list flag or under the purger's mid claim, which keeps it off. */
 #define MESH_LOOSEN_SHARE 8
-static void heap_loosen_if_due(heap_t *heap)
+static void heap_loosen(heap_t *heap, unsigned from_class, unsigned to_class)
 {
-    if (likely(hak_config.mesh == MESH_OFF) || !mesh_enabled() || !hak_claims_on)
-        return;
-    uint64_t now = os_now_ms();
-    if (hak_config.mesh != MESH_STRESS && now - heap->loosened_ms < MESH_REFILL_INTERVAL_MS)
-        return;
-    heap->loosened_ms = now;
     bool loosened = false;
-    for (unsigned c = 0; c < TINY_CLASSES; c++) {
-        slab_t *first = heap->owned[c];
+    for (unsigned c = from_class; c < to_class; c++) {
+        slab_t *first = hak_class_span[c] == 1 ? heap->owned[c] : NULL;
         for (slab_t *s = first; s; s = s->next == first ? NULL : s->next) {
             uintptr_t owner = atomic_load_explicit(&s->owner, memory_order_relaxed);
             if (!(owner & SLAB_LOOSE) && mesh_candidate(s, MESH_LOOSEN_SHARE)) {
@@ -786,6 +772,48 @@ static void heap_loosen_if_due(heap_t *heap)
     }
     if (loosened)
         heap_loose_changed(heap);
+}
+
+/* HAKMEM_MESH: a refill or a sample (heap_sampled), where the last look
+ * is 100 ms old (at every one with stress), loosens the owned tiny slabs
+ * for the purger to mesh while the thread runs or sleeps. A thread that
+ * frees much and then waits, as a server between requests, never grows,
+ * and its memory followed its live data only at a malloc_trim:
+ * redis-server after a 70% deletion held 3.24 times its data, as without
+ * meshing. A pass meshes the slabs a quarter free; loosened at a quarter
+ * too, the slabs of one run of redis-server's deletion in five were still
+ * below it at the last look, and kept every page. The mid classes' slabs
+ * are loosened where the purger flushes the stashes (heap_loosen_mid), not
+ * here: a stashed block of a loose slab would go back to it after a mesh
+ * (heap_return_stash), which does not free as a meshed slab must. Not
+ * without claims (no membarrier): the purger could not keep the owner
+ * off. Inside the list flag. */
+static void heap_loosen_if_due(heap_t *heap)
+{
+    if (likely(hak_config.mesh == MESH_OFF) || !mesh_enabled() || !hak_claims_on)
+        return;
+    uint64_t now = os_now_ms();
+    if (hak_config.mesh != MESH_STRESS && now - heap->loosened_ms < MESH_REFILL_INTERVAL_MS)
+        return;
+    heap->loosened_ms = now;
+    heap_loosen(heap, 0, TINY_CLASSES);
+}
+
+/* Under the mid claim, the stashes just flushed back to their slabs: the
+ * mid classes' slabs of one slab page (up to 8 KiB) that meshing could
+ * use become loose, for the purger's next pass to mesh. A thread that
+ * frees most of its mid blocks and then waits gets their pages back
+ * without a malloc_trim. No stashed block is of a loose slab: the owner's
+ * frees of its blocks go to its remote list (but one that read the owner
+ * word before the claim and entered its mid section after it, whose
+ * block the stash hands back later as an unmeshed slab's: a meshed slab
+ * left so with no block of its own is released at a later pass, not at
+ * once). */
+static void heap_loosen_mid(heap_t *heap)
+{
+    if (likely(hak_config.mesh == MESH_OFF) || !mesh_enabled())
+        return;
+    heap_loosen(heap, TINY_CLASSES, CLASS_COUNT);
 }
 
 /* The owner loosened slabs, or freed a block of a loose one
@@ -1214,13 +1242,14 @@ uint64_t heaps_flush_mid(bool all)
         }
         heap_flush_mid_caches(h);
         heap_mid_caches_emptied(h);
+        heap_loosen_mid(h);
         atomic_store_explicit(&h->mid_claimed, false, memory_order_release);
     }
     pthread_mutex_unlock(&heaps_lock);
     return due;
 }
 
-/* Under the lists' claim: the purger meshes heap's loose slabs (heap_loosen_if_due),
+/* Under the lists' claim: the purger meshes heap's loose slabs (heap_loosen),
  * class after class from where its last pass stopped, until deadline_ns;
  * true if it stopped there. Each slab's remote list, where the owner's
  * frees went, comes back to its list first. Nothing here changes a slab
@@ -1231,13 +1260,13 @@ uint64_t heaps_flush_mid(bool all)
 static bool heap_mesh_loose(heap_t *heap, uint64_t deadline_ns)
 {
     static slab_t *batch[MESH_PASS_SLABS]; /* heaps_lock */
-    for (unsigned i = 0; i < TINY_CLASSES; i++) {
+    for (unsigned i = 0; i < CLASS_COUNT; i++) {
         if (os_now_ns() > deadline_ns)
             return true;
         unsigned c = heap->loose_class;
-        heap->loose_class = (uint8_t)((c + 1) % TINY_CLASSES);
+        heap->loose_class = (uint8_t)((c + 1) % CLASS_COUNT);
         size_t n = 0;
-        slab_t *first = heap->owned[c];
+        slab_t *first = hak_class_span[c] == 1 ? heap->owned[c] : NULL;
         for (slab_t *s = first; s && n < MESH_PASS_SLABS; s = s->next == first ? NULL : s->next) {
             if (!(atomic_load_explicit(&s->owner, memory_order_relaxed) & SLAB_LOOSE))
                 continue;

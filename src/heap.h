@@ -188,7 +188,7 @@ typedef struct heap {
     _Atomic uint64_t loose_changes_meshed; /* the purger's: loose_changes at its last pass */
     uint64_t loose_meshed_ms;     /* when the purger's last pass ended */
     bool loose_unfinished;        /* the purger's last pass ran out of time */
-    uint8_t loose_class;          /* the tiny class the purger's next pass starts at */
+    uint8_t loose_class;          /* the class the purger's next pass starts at */
     unsigned arena_lane;       /* the page arenas' lane its thread allocates from (arena.c) */
     _Atomic int in_slow;       /* inside a list update (fork safety; the purger's claims keep off) */
     /* The mid classes' frees to the stash, which the purger claims and

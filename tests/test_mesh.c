@@ -6,8 +6,8 @@
  * blocks while the pages move lose no write, a fork child shares nothing
  * with its parent, freeing everything unmeshes every page, a thread's
  * exit meshes only where that gives back enough, the purger meshes
- * the pages of a thread that freed most of its blocks and sleeps, and a
- * process that locked its memory meshes as any other. Mid blocks of up
+ * the pages of a thread that freed most of its tiny or mid blocks and
+ * sleeps, and a process that locked its memory meshes as any other. Mid blocks of up
  * to 8 KiB (slabs of one slab page) mesh at the trim as tiny ones do,
  * through a fork and frees by another thread; blocks freed in a pattern
  * mesh (the carve's random order).
@@ -168,17 +168,24 @@ static void *free_every_other_mid(void *arg)
     return NULL;
 }
 
-static void test_mid_meshes(void)
+static block_t mid_set[MID_BLOCKS];
+
+static void fill_mid(block_t *set, size_t n)
 {
     static const size_t mid_sizes[] = {1100, 1600, 2200, 3000};
-    static block_t mid[MID_BLOCKS];
-    static void *mid_freed[MID_BLOCKS];
-    for (size_t i = 0; i < MID_BLOCKS; i++) {
-        mid[i].size = mid_sizes[i % 4];
-        mid[i].p = malloc(mid[i].size);
-        CHECK(mid[i].p && hak_owns(mid[i].p));
-        block_fill(&mid[i], (unsigned char)(3 + i % 249));
+    for (size_t i = 0; i < n; i++) {
+        set[i].size = mid_sizes[i % 4];
+        set[i].p = malloc(set[i].size);
+        CHECK(set[i].p && hak_owns(set[i].p));
+        block_fill(&set[i], (unsigned char)(3 + i % 249));
     }
+}
+
+static void test_mid_meshes(void)
+{
+    block_t *mid = mid_set;
+    static void *mid_freed[MID_BLOCKS];
+    fill_mid(mid, MID_BLOCKS);
     size_t n_freed = free_most(mid, MID_BLOCKS, mid_freed, 5);
     uint64_t ever = stats().mesh_pages_ever;
     size_t before = pss_bytes();
@@ -439,20 +446,31 @@ static void test_thread_exit_paced(void)
 }
 
 /* A thread that frees most of its blocks and then waits, as a server
- * between requests: its next refill (a size it had not asked for) past
- * the 100 ms since its last look loosens its sparse slabs, and the purger
- * meshes them while it waits on a condition variable, without a call of
- * its own. The refill's own pass (it takes a new slab) meshes for 5 ms
- * at most, and is not counted. */
+ * between requests, gets their pages meshed by the purger while it waits
+ * on a condition variable, without a call of its own. Tiny blocks: its
+ * next refill (a size it had not asked for) past the 100 ms since its
+ * last look loosens its sparse slabs for the purger; the refill's own
+ * pass (it takes a new slab) meshes for 5 ms at most, and is not counted.
+ * Mid blocks: the purger meshes their slabs where it flushes the
+ * thread's mid caches, a purge delay after the frees (counted from the
+ * start: that may come before the thread says it waits, and no pass of
+ * the thread's own meshes mid slabs). */
 static pthread_mutex_t sleeper_lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t sleeper_cond = PTHREAD_COND_INITIALIZER;
 static int sleeper_state; /* 1: freed and waiting; 2: told to go on */
 
+typedef struct sleeper {
+    block_t *set;
+    size_t n;
+    void (*fill)(block_t *set, size_t n);
+    bool count_from_start;
+} sleeper_t;
+
 static void *sleeper_thread(void *arg)
 {
-    block_t *set = arg;
-    fill_all(set, BLOCKS);
-    free_most(set, BLOCKS, freed, 5);
+    const sleeper_t *sl = arg;
+    sl->fill(sl->set, sl->n);
+    free_most(sl->set, sl->n, freed, 5);
     usleep(150000);
     void *other = malloc(32);
     CHECK(other && hak_owns(other));
@@ -466,35 +484,38 @@ static void *sleeper_thread(void *arg)
     return NULL;
 }
 
-static void test_purger_meshes_sleeper(void)
+static void test_purger_meshes_sleeper(const char *what, sleeper_t sl, uint64_t at_least)
 {
     const char *thread = getenv("HAKMEM_PURGE_THREAD");
     if (thread && !strcmp(thread, "0")) {
-        printf("a sleeping thread's pages: not checked without the purger thread (HAKMEM_PURGE_THREAD=0)\n");
+        printf("a sleeping thread's %s: not checked without the purger thread (HAKMEM_PURGE_THREAD=0)\n", what);
         return;
     }
     pthread_t t;
-    pthread_create(&t, NULL, sleeper_thread, blocks);
+    sleeper_state = 0;
+    uint64_t ever = stats().mesh_pages_ever, meshed = 0;
+    pthread_create(&t, NULL, sleeper_thread, &sl);
     pthread_mutex_lock(&sleeper_lock);
     while (sleeper_state != 1)
         pthread_cond_wait(&sleeper_cond, &sleeper_lock);
     pthread_mutex_unlock(&sleeper_lock);
-    uint64_t ever = stats().mesh_pages_ever, meshed = 0;
-    for (int waited = 0; waited < 5000 && meshed < 16; waited += 10) {
+    if (!sl.count_from_start)
+        ever = stats().mesh_pages_ever;
+    for (int waited = 0; waited < 5000 && meshed < at_least; waited += 10) {
         usleep(10000);
         meshed = stats().mesh_pages_ever - ever;
     }
-    printf("a sleeping thread's pages: %llu meshed by the purger\n", (unsigned long long)meshed);
-    CHECK(meshed >= 16);
-    CHECK(blocks_broken(blocks, BLOCKS) == 0);
+    printf("a sleeping thread's %s: %llu pages meshed by the purger\n", what, (unsigned long long)meshed);
+    CHECK(meshed >= at_least);
+    CHECK(blocks_broken(sl.set, sl.n) == 0);
     pthread_mutex_lock(&sleeper_lock);
     sleeper_state = 2;
     pthread_cond_broadcast(&sleeper_cond);
     pthread_mutex_unlock(&sleeper_lock);
     pthread_join(t, NULL);
-    CHECK(blocks_broken(blocks, BLOCKS) == 0);
-    for (size_t i = 0; i < BLOCKS; i++)
-        free(blocks[i].p);
+    CHECK(blocks_broken(sl.set, sl.n) == 0);
+    for (size_t i = 0; i < sl.n; i++)
+        free(sl.set[i].p);
     malloc_trim(0);
     CHECK(stats().mesh_pages == 0);
 }
@@ -755,7 +776,8 @@ int main(int argc, char **argv)
     test_all_freed_unmeshes();
     test_threads_write_while_meshed();
     test_thread_exit_paced();
-    test_purger_meshes_sleeper();
+    test_purger_meshes_sleeper("tiny blocks", (sleeper_t){blocks, BLOCKS, fill_all, false}, 16);
+    test_purger_meshes_sleeper("mid blocks", (sleeper_t){mid_set, MID_BLOCKS, fill_mid, true}, 500);
     test_mlocked();
     return check_summary("mesh");
 }
