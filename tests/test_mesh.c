@@ -7,10 +7,11 @@
  * with its parent, freeing everything unmeshes every page, a thread's
  * exit meshes only where that gives back enough, the purger meshes
  * the pages of a thread that freed most of its tiny or mid blocks and
- * sleeps, and a process that locked its memory meshes as any other. Mid blocks of up
- * to 8 KiB (slabs of one slab page) mesh at the trim as tiny ones do,
- * through a fork and frees by another thread; blocks freed in a pattern
- * mesh (the carve's random order).
+ * sleeps, and a process that locked its memory, or whose slabs lie on
+ * huge pages, meshes as any other. Mid blocks of up to 8 KiB (slabs of
+ * one slab page) mesh at the trim as tiny ones do, through a fork and
+ * frees by another thread; blocks freed in a pattern mesh (the carve's
+ * random order).
  * Run with HAKMEM_MESH=on and HAKMEM_ON_ERROR=warn (ctest sets both);
  * exits 77 (skipped) where the system refuses what meshing needs.
  *
@@ -30,6 +31,7 @@
 #include <pthread.h>
 #include <stdatomic.h>
 #include <dirent.h>
+#include <errno.h>
 #include <linux/capability.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
@@ -520,6 +522,59 @@ static void test_purger_meshes_sleeper(const char *what, sleeper_t sl, uint64_t 
     CHECK(stats().mesh_pages == 0);
 }
 
+/* Slabs on transparent huge pages, where the system gives them (a heap's
+ * SuperSlabs after its first four, with THP `enabled` at `always`): here
+ * the test asks for them itself (MADV_COLLAPSE, Linux 6.1, whatever the
+ * system's setting). A meshed page splits its huge page, and every block
+ * on the rest of it keeps its bytes. */
+#ifndef MADV_COLLAPSE
+#define MADV_COLLAPSE 25
+#endif
+static void test_huge_pages(void)
+{
+    fill_all(blocks, BLOCKS);
+    static uintptr_t chunks[256];
+    size_t n_chunks = 0, collapsed = 0;
+    for (size_t i = 0; i < BLOCKS; i++) {
+        uintptr_t chunk = (uintptr_t)blocks[i].p & ~(uintptr_t)((2 << 20) - 1);
+        size_t k = 0;
+        while (k < n_chunks && chunks[k] != chunk)
+            k++;
+        if (k < n_chunks || n_chunks == 256)
+            continue;
+        chunks[n_chunks++] = chunk;
+        collapsed += madvise((void *)chunk, 2 << 20, MADV_COLLAPSE) == 0;
+    }
+    size_t huge = proc_kib_field_bytes("/proc/self/smaps_rollup", "AnonHugePages: %zu kB");
+    if (!collapsed || !huge) {
+        printf("huge pages: not checked (MADV_COLLAPSE refused: %s)\n", strerror(errno));
+    } else {
+        CHECK(blocks_broken(blocks, BLOCKS) == 0);
+        free_most(blocks, BLOCKS, freed, 7);
+        uint64_t ever = stats().mesh_pages_ever;
+        malloc_trim(0);
+        uint64_t meshed = stats().mesh_pages_ever - ever;
+        size_t huge_after = proc_kib_field_bytes("/proc/self/smaps_rollup", "AnonHugePages: %zu kB");
+        printf("huge pages: %zu of %zu slab chunks made huge pages (%zu KiB); %llu pages meshed at the trim, "
+               "%zu KiB on huge pages after\n",
+               collapsed, n_chunks, huge >> 10, (unsigned long long)meshed, huge_after >> 10);
+        CHECK(meshed > 1000 && huge_after < huge);
+        CHECK(blocks_broken(blocks, BLOCKS) == 0);
+        for (size_t i = 0; i < BLOCKS; i++) /* the holes refilled, every block rewritten */
+            if (!blocks[i].p)
+                blocks[i].p = malloc(blocks[i].size);
+        for (size_t i = 0; i < BLOCKS; i++)
+            block_fill(&blocks[i], (unsigned char)(7 + i % 241));
+        CHECK(blocks_broken(blocks, BLOCKS) == 0);
+    }
+    for (size_t i = 0; i < BLOCKS; i++) {
+        free(blocks[i].p);
+        blocks[i].p = NULL;
+    }
+    malloc_trim(0);
+    CHECK(stats().mesh_pages == 0);
+}
+
 /* A process that locked its memory (mlockall, current and future)
  * meshes as any other: the memfd page mapped over a locked page is
  * locked in turn, and the anonymous pages it replaces go with their
@@ -778,6 +833,7 @@ int main(int argc, char **argv)
     test_thread_exit_paced();
     test_purger_meshes_sleeper("tiny blocks", (sleeper_t){blocks, BLOCKS, fill_all, false}, 16);
     test_purger_meshes_sleeper("mid blocks", (sleeper_t){mid_set, MID_BLOCKS, fill_mid, true}, 500);
+    test_huge_pages();
     test_mlocked();
     return check_summary("mesh");
 }
