@@ -90,6 +90,21 @@ static void print_counters(FILE *out)
 #endif
 }
 
+/* What the mesh line adds: why nothing meshed yet, or a limit. A thread
+ * under a seccomp filter makes none of meshing's system calls (Docker's
+ * default profile filters every process), so a filtered process that
+ * never started meshing is told so, not that it had nothing to mesh. */
+static const char *mesh_state_note(void)
+{
+    if (!mesh_started())
+        return os_thread_filtered() ? "; not started (this thread runs under a seccomp filter, where meshing "
+                                      "makes none of its system calls)"
+                                    : "; not started (nothing to mesh yet)";
+    return mesh_kernel_writes_wait() ? ""
+                                     : "; userfaultfd for user-mode faults only: a system call writing into a "
+                                       "block while it is meshed fails with EFAULT";
+}
+
 static void print_memory(FILE *out, const hak_stats_t *s)
 {
     fprintf(out, "  mapped        %10.2f MiB now, %10.2f MiB peak\n", mib(s->mapped_bytes), mib(s->mapped_peak));
@@ -113,12 +128,9 @@ static void print_memory(FILE *out, const hak_stats_t *s)
         fprintf(out, "  mesh          off: %s\n", mesh_off_reason());
     else if (hak_config.mesh)
         fprintf(out, "  mesh          %10zu pages given back now (%.2f MiB), %llu meshed in all%s\n", s->mesh_pages,
-                mib(s->mesh_pages * MESH_PAGE), (unsigned long long)s->mesh_pages_ever,
-                !mesh_started()            ? "; not started (nothing to mesh yet)"
-                : mesh_kernel_writes_wait() ? ""
-                                            : "; userfaultfd for user-mode faults only: a system call writing into a "
-                                              "block while it is meshed fails with EFAULT");
+                mib(s->mesh_pages * MESH_PAGE), (unsigned long long)s->mesh_pages_ever, mesh_state_note());
 }
+
 
 static void print_kpi(FILE *out, const hak_kpi_t *k)
 {
@@ -179,7 +191,10 @@ HAK_EXPORT void hak_stats_print(FILE *out)
     report_t r;
     report_gather(&r);
     fprintf(out, "hakmem %s report\n", HAKMEM_VERSION);
-    fprintf(out, "  process       pid %d, %s (parent %d)\n", os_pid(), os_program_name(), os_parent_pid());
+    char parent[64] = "not asked under a seccomp filter";
+    if (os_parent_pid() >= 0)
+        snprintf(parent, sizeof parent, "%d", os_parent_pid());
+    fprintf(out, "  process       pid %d, %s (parent %s)\n", os_pid(), os_program_name(), parent);
     if (r.stats.hardened)
         fprintf(out, "  hardened      encoded free lists, guard pages, random order\n");
     print_memory(out, &r.stats);
@@ -214,7 +229,10 @@ HAK_EXPORT void hak_stats_print_json(FILE *out)
     report_gather(&r);
     const hak_stats_t *s = &r.stats;
     const hak_kpi_t *k = &r.kpi;
-    fprintf(out, "{\"version\":\"%s\",\"pid\":%d,\"ppid\":%d,\"program\":", HAKMEM_VERSION, os_pid(), os_parent_pid());
+    char parent[16] = "null"; /* not asked under a seccomp filter (os_parent_pid) */
+    if (os_parent_pid() >= 0)
+        snprintf(parent, sizeof parent, "%d", os_parent_pid());
+    fprintf(out, "{\"version\":\"%s\",\"pid\":%d,\"ppid\":%s,\"program\":", HAKMEM_VERSION, os_pid(), parent);
     json_string(out, os_program_name());
     fprintf(out, ",\"hardened\":%s,\"memory\":{\"mapped_bytes\":%zu,\"mapped_peak\":%zu,\"superslabs\":%zu,"
                  "\"superslabs_empty\":%zu,\"tiny_slabs\":%zu,\"mid_slabs\":%zu,\"tiny_bytes\":%zu,\"mid_bytes\":%zu,"

@@ -22,7 +22,7 @@ static inline bool install_filter(bool open_allowed)
                                  SYS_rt_sigprocmask, SYS_getpid, SYS_gettid, SYS_getrandom, SYS_fstat,
                                  SYS_newfstatat, SYS_lseek,
                                  SYS_getrusage,    /* hak_stats_get's, for the tests' own figures */
-                                 SYS_sched_yield}; /* a wait on a purger thread started before the filter */  /* a wait on a purger thread started before the filter */
+                                 SYS_sched_yield}; /* a wait on a purger thread started before the filter */
     enum { USUAL = sizeof usual / sizeof usual[0] };
     struct sock_filter code[1 + 2 * USUAL + 3];
     unsigned n = 0;
