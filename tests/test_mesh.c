@@ -600,6 +600,7 @@ static bool may_lock_much(void)
 
 static void test_mlocked(void)
 {
+    fflush(stdout); /* the child flushes its own lines, not the parent's again */
     pid_t pid = fork();
     if (pid == 0) {
         if (!may_lock_much() || mlockall(MCL_CURRENT | MCL_FUTURE) != 0)
