@@ -456,7 +456,8 @@ static void test_thread_exit_paced(void)
  * Mid blocks: the purger meshes their slabs where it flushes the
  * thread's mid caches, a purge delay after the frees (counted from the
  * start: that may come before the thread says it waits, and no pass of
- * the thread's own meshes mid slabs). */
+ * the thread's own meshes mid slabs). Awake, the thread frees half its
+ * blocks itself and fills the holes, every block intact after. */
 static pthread_mutex_t sleeper_lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t sleeper_cond = PTHREAD_COND_INITIALIZER;
 static int sleeper_state; /* 1: freed and waiting; 2: told to go on */
@@ -483,6 +484,18 @@ static void *sleeper_thread(void *arg)
         pthread_cond_wait(&sleeper_cond, &sleeper_lock);
     pthread_mutex_unlock(&sleeper_lock);
     free(other);
+    /* Awake again: its own frees of blocks on loose and meshed slabs,
+     * then mallocs that take those slabs back as current ones. */
+    for (size_t i = 0; i < sl->n; i += 2) {
+        free(sl->set[i].p);
+        sl->set[i].p = NULL;
+    }
+    for (size_t i = 0; i < sl->n; i++)
+        if (!sl->set[i].p) {
+            sl->set[i].p = malloc(sl->set[i].size);
+            CHECK(sl->set[i].p != NULL);
+            block_fill(&sl->set[i], (unsigned char)(11 + i % 239));
+        }
     return NULL;
 }
 
