@@ -113,10 +113,12 @@ static size_t fork_views;
 
 static inline bool bit_get(const uint64_t *m, uint32_t i) { return __atomic_load_n(&m[i >> 6], __ATOMIC_RELAXED) >> (i & 63) & 1; }
 
+/* With release: a free that reads the bit with acquire (mesh_slot_reserved)
+ * sees the record's slab as it was set before. */
 static inline void bit_put(uint64_t *m, uint32_t i, bool on)
 {
     uint64_t w = __atomic_load_n(&m[i >> 6], __ATOMIC_RELAXED), b = (uint64_t)1 << (i & 63);
-    __atomic_store_n(&m[i >> 6], on ? w | b : w & ~b, __ATOMIC_RELAXED);
+    __atomic_store_n(&m[i >> 6], on ? w | b : w & ~b, __ATOMIC_RELEASE);
 }
 
 /* The slots of s that overlap its page k: [*lo, *hi). */
@@ -541,7 +543,7 @@ static void undo_apply(const mesh_undo_t *u, mesh_scan_t *const sc[2], uint32_t 
         sc[j]->s->mesh->reserved_count = u->counts[j];
         for (uint32_t w = lo >> 6, n = 0; w <= (hi - 1) >> 6; w++, n++) {
             sc[j]->free[w] = u->free[j][n];
-            __atomic_store_n(&sc[j]->s->mesh->reserved[w], u->reserved[j][n], __ATOMIC_RELAXED);
+            __atomic_store_n(&sc[j]->s->mesh->reserved[w], u->reserved[j][n], __ATOMIC_RELEASE);
         }
     }
 }
