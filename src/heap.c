@@ -759,7 +759,7 @@ static void heap_loosen(heap_t *heap, unsigned from_class, unsigned to_class)
 {
     bool loosened = false;
     for (unsigned c = from_class; c < to_class; c++) {
-        slab_t *first = hak_class_span[c] == 1 ? heap->owned[c] : NULL;
+        slab_t *first = class_meshes(c) ? heap->owned[c] : NULL;
         for (slab_t *s = first; s; s = s->next == first ? NULL : s->next) {
             uintptr_t owner = atomic_load_explicit(&s->owner, memory_order_relaxed);
             if (!(owner & SLAB_LOOSE) && mesh_candidate(s, MESH_LOOSEN_SHARE)) {
@@ -847,7 +847,7 @@ void heap_sampled(heap_t *heap)
  * back for holding no live block takes them again (mesh_unvacate). */
 static slab_t *heap_unvacate(heap_t *heap, unsigned c)
 {
-    if (hak_class_span[c] != 1 || !mesh_has_vacant())
+    if (!class_meshes(c) || !mesh_has_vacant())
         return NULL;
     slab_t *first = heap->owned[c];
     for (slab_t *s = first; s; s = s->next == first ? NULL : s->next)
@@ -1114,9 +1114,9 @@ void heap_collect(heap_t *heap, bool unmap_now, uint64_t mesh_deadline_ns)
                 slab_purge_free_blocks(s);
     }
     heap_mid_caches_emptied(heap);
-    if (mesh_enabled()) /* every class of one slab page: tiny, and mid up to 8 KiB */
+    if (mesh_enabled())
         for (unsigned c = 0; c < CLASS_COUNT && (!mesh_deadline_ns || os_now_ns() <= mesh_deadline_ns); c++)
-            if (hak_class_span[c] == 1)
+            if (class_meshes(c))
                 heap_mesh_class(heap, c, mesh_deadline_ns);
     heap_release_spares(heap, heap);
     hak_assert(heap->kept_empty_bytes == 0); /* no slab is kept: the accounts agree */
@@ -1266,7 +1266,7 @@ static bool heap_mesh_loose(heap_t *heap, uint64_t deadline_ns)
         unsigned c = heap->loose_class;
         heap->loose_class = (uint8_t)((c + 1) % CLASS_COUNT);
         size_t n = 0;
-        slab_t *first = hak_class_span[c] == 1 ? heap->owned[c] : NULL;
+        slab_t *first = class_meshes(c) ? heap->owned[c] : NULL;
         for (slab_t *s = first; s && n < MESH_PASS_SLABS; s = s->next == first ? NULL : s->next) {
             if (!(atomic_load_explicit(&s->owner, memory_order_relaxed) & SLAB_LOOSE))
                 continue;

@@ -48,6 +48,10 @@ uint32_t mesh_reserved(const slab_t *s);
 #define MESH_SCAN_SHARE 4
 bool mesh_candidate(const slab_t *s, uint32_t free_share);
 
+/* Whether meshing takes class c's slabs: those of one slab page (the
+ * tiny classes, and the mid ones up to 8 KiB). */
+static inline bool class_meshes(unsigned c) { return hak_class_span[c] == 1; }
+
 /* Mesh what it can among n slabs of one class that the caller owns,
  * each with its exact lists (none of its blocks in a cache), until
  * os_now_ns() passes deadline_ns (0: no deadline). A pass with a deadline

@@ -131,7 +131,6 @@ static void print_memory(FILE *out, const hak_stats_t *s)
                 mib(s->mesh_pages * MESH_PAGE), (unsigned long long)s->mesh_pages_ever, mesh_state_note());
 }
 
-
 static void print_kpi(FILE *out, const hak_kpi_t *k)
 {
     fprintf(out, "  rss           %10.2f MiB now, %10.2f MiB peak\n", mib(k->rss_bytes), mib(k->rss_peak_bytes));
@@ -192,8 +191,9 @@ HAK_EXPORT void hak_stats_print(FILE *out)
     report_gather(&r);
     fprintf(out, "hakmem %s report\n", HAKMEM_VERSION);
     char parent[64] = "not asked under a seccomp filter";
-    if (os_parent_pid() >= 0)
-        snprintf(parent, sizeof parent, "%d", os_parent_pid());
+    int ppid = os_parent_pid();
+    if (ppid >= 0)
+        snprintf(parent, sizeof parent, "%d", ppid);
     fprintf(out, "  process       pid %d, %s (parent %s)\n", os_pid(), os_program_name(), parent);
     if (r.stats.hardened)
         fprintf(out, "  hardened      encoded free lists, guard pages, random order\n");
@@ -230,8 +230,9 @@ HAK_EXPORT void hak_stats_print_json(FILE *out)
     const hak_stats_t *s = &r.stats;
     const hak_kpi_t *k = &r.kpi;
     char parent[16] = "null"; /* not asked under a seccomp filter (os_parent_pid) */
-    if (os_parent_pid() >= 0)
-        snprintf(parent, sizeof parent, "%d", os_parent_pid());
+    int ppid = os_parent_pid();
+    if (ppid >= 0)
+        snprintf(parent, sizeof parent, "%d", ppid);
     fprintf(out, "{\"version\":\"%s\",\"pid\":%d,\"ppid\":%s,\"program\":", HAKMEM_VERSION, os_pid(), parent);
     json_string(out, os_program_name());
     fprintf(out, ",\"hardened\":%s,\"memory\":{\"mapped_bytes\":%zu,\"mapped_peak\":%zu,\"superslabs\":%zu,"
