@@ -263,26 +263,6 @@ void hak_free_slow(void *p, const char *op)
         hak_report_bad_pointer(op, p, "pointer not allocated by hakmem (foreign, stack or global memory, or already freed)");
 }
 
-void hak_remote_free(slab_t *s, void *p)
-{
-    /* Read what we need before the push: once the block is on the list the
-     * owner may drain it and release the slab. */
-    heap_t *owner = slab_owner_heap(atomic_load_explicit(&s->owner, memory_order_relaxed));
-    unsigned c = s->class_idx;
-    void *head = atomic_load_explicit(&s->remote, memory_order_relaxed);
-    do
-        block_link(p, head);
-    while (!atomic_compare_exchange_weak_explicit(&s->remote, &head, p, memory_order_release,
-                                                  memory_order_relaxed));
-    _Atomic uint64_t *hint = &owner->remote_hint[c / 64];
-    uint64_t bit = (uint64_t)1 << (c % 64);
-    if (!(atomic_load_explicit(hint, memory_order_relaxed) & bit)) {
-        atomic_fetch_or_explicit(hint, bit, memory_order_release);
-        if (atomic_load_explicit(&owner->state, memory_order_relaxed) == HEAP_ORPHAN)
-            heaps_notice_orphan_frees(); /* no owner to drain it: the purger will */
-    }
-}
-
 /* The block that p addresses, checked; NULL (after a report) if p is not
  * the start of a carved block, or inside one of a slab with aligned blocks. */
 static void *slab_block_checked(slab_t *s, void *p, const char *op)
@@ -367,12 +347,13 @@ void hak_free_irregular(slab_t *s, void *p, const char *op)
     }
     if (slab_owner_heap(owner) != heap) {
         HAK_COUNT(heap, free_remote);
-        hak_remote_free(s, block);
+        heap_note_freed_into(heap, s);
+        heap_remote_free(s, block);
         return;
     }
     if (owner & SLAB_LOOSE) { /* the purger may be meshing it: its lists are not ours now */
         heap_loose_changed(heap);
-        hak_remote_free(s, block);
+        heap_remote_free(s, block);
         return;
     }
     if ((owner & (SLAB_STASHES_FREES | SLAB_MESHED)) == SLAB_STASHES_FREES) { /* a meshed one's: below */

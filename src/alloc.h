@@ -29,7 +29,7 @@
  *     heap_free_last_block                      heap.c: the slab empties
  *     hak_free_stashed* -> heap_stash_take*     a mid block to its stash
  *     hak_free_irregular                        alloc.c: another thread's
- *                                               block (hak_remote_free),
+ *                                               block (heap_remote_free),
  *                                               aligned blocks, bad pointers
  *     arena_front_free                          arena.c: to the thread's front
  *     hak_free_slow                             alloc.c: large blocks,
@@ -49,7 +49,6 @@ void hak_free_slow(void *p, const char *op);
 void *hak_alloc_aligned(size_t align, size_t size, uintptr_t site);
 size_t hak_usable_size_checked(const void *p, const char *op);
 void *hak_realloc_impl(void *p, size_t size, uintptr_t site);
-void hak_remote_free(slab_t *s, void *p);
 void hak_free_irregular(slab_t *s, void *p, const char *op);
 
 /* The block after b in the cache, its line fetched for writing. The next

@@ -14,6 +14,10 @@
 
 enum heap_state { HEAP_LIVE, HEAP_ORPHAN, HEAP_FREE, HEAP_DEAD };
 
+/* The slabs of other heaps a heap remembers per tiny class, by address,
+ * as its thread frees blocks into them (heap_note_freed_into). */
+#define FREED_INTO_SLOTS 4
+
 /* Debug counters (build option HAKMEM_COUNTERS): the refill stages and the
  * free pipeline, counted per heap without atomics. Without the option
  * HAK_COUNT compiles to nothing. */
@@ -25,6 +29,7 @@ enum heap_state { HEAP_LIVE, HEAP_ORPHAN, HEAP_FREE, HEAP_DEAD };
     X(refill_switch, "refill: switched to another owned slab with room")                      \
     X(refill_orphan, "refill: absorbed an exited thread's heap")                              \
     X(refill_new_slab, "refill: took a new slab from the SuperSlab pool")                     \
+    X(refill_freed_into, "refill: took another heap's remote frees instead of new blocks")    \
     X(free_local, "free: same thread, fast path")                                             \
     X(free_local_slow, "free: same thread, slow path (last block, aligned blocks)")           \
     X(free_stashed, "free: same thread, mid slab, to the class's stash")                      \
@@ -124,8 +129,10 @@ typedef struct heap_profile {
 } heap_profile_t;
 
 /* Per-thread state. The allocation fast path pops cache[c]: a list of free
- * blocks of cur[c], the slab it is filled from. Heaps are never unmapped
- * (a remote free may still read one).
+ * blocks of cur[c], the slab it is filled from, or of a slab of another
+ * heap whose remote list a refill took instead of new blocks (counted as
+ * used in their slab all the while). Heaps are never unmapped (a remote
+ * free may still read one).
  *
  * The owner's frees of a mid class go to the class's stash (its slabs
  * carry a flag in their owner words), whichever slab they belong to, and
@@ -141,7 +148,7 @@ typedef struct heap_profile {
  * in their slabs until the purger, a collect or the thread's exit hands
  * them back. */
 typedef struct heap {
-    void *cache[CLASS_COUNT];   /* free blocks of cur[c], ready to hand out */
+    void *cache[CLASS_COUNT];   /* free blocks ready to hand out: cur[c]'s, or another slab's (heap_take_freed_into) */
     slab_t *cur[CLASS_COUNT];   /* the slab the cache is filled from, or NULL */
     slab_t *owned[CLASS_COUNT]; /* the class's other slabs: a circular list, searched in turn */
     /* The mid fronts (front_of): each mid class's stash, its freed blocks
@@ -161,6 +168,7 @@ typedef struct heap {
     uint32_t superslab_count;   /* in all bins */
     size_t kept_empty_bytes;   /* touched bytes of the empty slabs kept: current ones, spares */
     slab_t *spares;            /* empty one-page slabs, linked through next, ready for any class */
+    slab_t *freed_into[TINY_CLASSES][FREED_INTO_SLOTS]; /* slabs of other heaps its thread freed blocks into */
     /* Set by other threads' frees: a cache line of its own (with cold
      * fields), away from the fields every malloc writes (sharing one with
      * sample_left cost larson at 2 threads 35% of its speed). */
@@ -211,6 +219,15 @@ extern heap_t hak_empty_heap;
 extern HAK_TLS heap_t *hak_tl_heap;
 
 static inline heap_t *heap_get(void) { return hak_tl_heap; }
+
+/* heap's thread frees a block of s, another heap's slab, onto its remote
+ * list: remembered for the refill of its class (heap_take_freed_into). */
+static inline void heap_note_freed_into(heap_t *heap, slab_t *s)
+{
+    unsigned c = s->class_idx;
+    if (c < TINY_CLASSES && heap != &hak_empty_heap)
+        heap->freed_into[c][((uintptr_t)s / sizeof(slab_t)) % FREED_INTO_SLOTS] = s;
+}
 
 
 /* The owner's side of the mid caches' claim, Dekker-style as BigCache's
@@ -275,6 +292,7 @@ uint64_t heaps_flush_mid(bool all);
 uint64_t heaps_purge(bool force);
 bool heap_caller_busy(void);
 void heaps_notice_orphan_frees(void);
+void heap_remote_free(slab_t *s, void *p);
 void heaps_fork_prepare(void);
 void heaps_fork_parent(void);
 void heaps_fork_child(void);

@@ -201,6 +201,23 @@ static inline struct heap *slab_owner_heap(uintptr_t owner)
     return (struct heap *)(owner & ~(uintptr_t)SLAB_FLAGS);
 }
 
+/* The owner word's flags change by atomic operations: the owner sets and
+ * clears its own, and a thread holding blocks it took from another heap's
+ * slab (heap_take_freed_into) sets SLAB_ALIGNED on that slab when it hands
+ * one out for an aligned request (hak_aligned_alloc), which a load and a
+ * store of the word by the owner would lose (an aligned block's free
+ * refused as an interior pointer: test_stress under HAKMEM_MESH=stress,
+ * whose owners loosened their slabs meanwhile). */
+static inline void slab_flags_set(slab_t *s, uintptr_t flags)
+{
+    atomic_fetch_or_explicit(&s->owner, flags, memory_order_relaxed);
+}
+
+static inline void slab_flags_clear(slab_t *s, uintptr_t flags)
+{
+    atomic_fetch_and_explicit(&s->owner, ~flags, memory_order_relaxed);
+}
+
 /* The header page: descriptors for the 31 data pages of a SuperSlab
  * (indexed by head page - 1). The segment map names the slab that covers
  * each page (slab_of); a page outside any slab maps to hak_no_slab, whose

@@ -136,9 +136,10 @@ static bool reserved(const mesh_rec_t *r, uint32_t i) { return r && bit_get(r->r
 
 static void set_owner_flag(slab_t *s, bool on)
 {
-    uintptr_t owner = atomic_load_explicit(&s->owner, memory_order_relaxed);
-    owner = on ? owner | SLAB_MESHED : owner & ~(uintptr_t)SLAB_MESHED;
-    atomic_store_explicit(&s->owner, owner, memory_order_relaxed);
+    if (on)
+        slab_flags_set(s, SLAB_MESHED);
+    else
+        slab_flags_clear(s, SLAB_MESHED);
 }
 
 /* ---- the kernel's side ------------------------------------------------------- */

@@ -469,6 +469,59 @@ HAK_RACY_READS size_t superslab_class_bytes(unsigned c)
     return bytes;
 }
 
+/* s, a slab descriptor in a mapped SuperSlab, is in use for class c: read
+ * while its owner may release it, racily (the fields are bytes and
+ * words; what matters is checked again after the list is taken). */
+static HAK_RACY_READS bool slab_holds_class(const slab_t *s, unsigned c)
+{
+    return s->in_use && s->class_idx == c && atomic_load_explicit(&s->owner, memory_order_relaxed);
+}
+
+/* The blocks other threads freed into one of slabs[n] (of tiny class c:
+ * slabs of other heaps the calling heap's thread freed blocks into), the
+ * first with any, taken off its remote list: NULL if none has any. A slab
+ * no longer one of class c is passed over. The blocks stay counted as
+ * used in their slab, as they were on the list: the slab is not released
+ * while the caller holds them, and meshing (of loose and meshed slabs
+ * too) takes them for live ones. Each slab looked at is cleared from
+ * slabs[]: the next call needs new frees into it. ss_lock keeps each
+ * slab's SuperSlab mapped while it is looked at. */
+void *superslab_take_remote(slab_t **slabs, unsigned n, unsigned c)
+{
+    unsigned first = 0;
+    while (first < n && !slabs[first])
+        first++;
+    if (first == n)
+        return NULL;
+    pthread_mutex_lock(&ss_lock);
+    void *list = NULL;
+    for (unsigned i = first; i < n && !list; i++) {
+        slab_t *s = slabs[i];
+        slabs[i] = NULL; /* looked at: taken again only after another free into it */
+        if (!s || segmap_kind(superslab_of(s)) != SEG_SUPERSLAB) /* unmapped: s cannot be read */
+            continue;
+        if (!slab_holds_class(s, c) || !atomic_load_explicit(&s->remote, memory_order_relaxed))
+            continue;
+        list = atomic_exchange_explicit(&s->remote, NULL, memory_order_acquire);
+        if (list && !slab_holds_class(s, c)) {
+            /* Released and formatted for another class after the look: the
+             * list holds that class's blocks (it could not be released
+             * again since: they count as used), which go back. */
+            void *tail = list;
+            for (void *b = block_next(list); b; b = block_next(b))
+                tail = b;
+            void *head = atomic_load_explicit(&s->remote, memory_order_relaxed);
+            do
+                block_link(tail, head);
+            while (!atomic_compare_exchange_weak_explicit(&s->remote, &head, list, memory_order_release,
+                                                          memory_order_relaxed));
+            list = NULL;
+        }
+    }
+    pthread_mutex_unlock(&ss_lock);
+    return list;
+}
+
 void superslab_fork_prepare(void) { pthread_mutex_lock(&ss_lock); }
 void superslab_fork_parent(void) { pthread_mutex_unlock(&ss_lock); }
 

@@ -17,5 +17,6 @@ void superslab_fork_child(void);
 void superslab_unmap_pool(void);
 void superslab_stats(size_t *superslabs, size_t *empty, size_t slabs[2], size_t bytes[2]);
 size_t superslab_class_bytes(unsigned c);
+void *superslab_take_remote(slab_t **slabs, unsigned n, unsigned c);
 
 #endif

@@ -882,6 +882,103 @@ static void test_remote_frees_before_carving(void)
     printf("remote frees before carving: %zu distinct blocks of 80 B with a short list\n", distinct);
 }
 
+/* A thread about to take a new slab takes instead the blocks it freed into
+ * the slabs of another heap whose owner has not taken them back (an owner
+ * that is not running: larson's threads on fewer cores). The owner here
+ * sleeps while a second thread, which has no slab of the class, frees the
+ * owner's 2048 blocks of 256 B (8 slabs) and takes 300: its first and a
+ * slab's list at least (200 here) are blocks the owner had, all 300 where the
+ * purger has not meshed the owner's other slabs meanwhile, which takes
+ * their remote lists back to them (HAKMEM_MESH=stress loosens every
+ * slab but the current one). No block is handed
+ * out twice (the owner, awake, takes 2048 blocks again: none is one the
+ * second thread holds, whose contents stay whole), and once all are freed
+ * and the second thread has collected, with the rest of a taken list in
+ * its cache, the owner's collect finds every block back: its slabs empty.
+ * Run first: the second thread must have no slab of the class, nor an
+ * exited thread's heap to adopt. */
+enum { TAKEN_BLOCKS = 2048, TAKEN_SIZE = 256, TAKEN_TAKES = 300 };
+static char *taken_owner_blocks[TAKEN_BLOCKS], *taken_blocks[TAKEN_TAKES];
+static _Atomic int taken_step;
+static size_t taken_from_owner, taken_overlaps;
+static bool taken_first_from_owner;
+
+static bool taken_in(char *const *set, int n, const char *p)
+{
+    for (int i = 0; i < n; i++)
+        if (set[i] == p)
+            return true;
+    return false;
+}
+
+static void *taken_owner(void *arg)
+{
+    (void)arg;
+    for (int i = 0; i < TAKEN_BLOCKS; i++)
+        taken_owner_blocks[i] = heap_malloc(TAKEN_SIZE);
+    taken_step = 1;
+    wait_for(&taken_step, 2); /* asleep while the other thread frees and takes */
+    char *again[TAKEN_BLOCKS];
+    for (int i = 0; i < TAKEN_BLOCKS; i++) {
+        again[i] = heap_malloc(TAKEN_SIZE);
+        taken_overlaps += taken_in(taken_blocks, TAKEN_TAKES, again[i]);
+        memset(again[i], 0xC, TAKEN_SIZE);
+    }
+    for (int i = 0; i < TAKEN_BLOCKS; i++)
+        free(again[i]);
+    taken_step = 3;
+    wait_for(&taken_step, 4);
+    hak_collect(true); /* the other thread's frees come back: every slab empties */
+    return NULL;
+}
+
+static void *taken_taker(void *arg)
+{
+    (void)arg;
+    void *volatile own = malloc(16); /* a heap of its own first: a thread without one keeps no record */
+    for (int i = 0; i < TAKEN_BLOCKS; i++)
+        free(taken_owner_blocks[i]); /* onto the sleeping owner's remote lists */
+    free(own);
+    for (int i = 0; i < TAKEN_TAKES; i++) {
+        taken_blocks[i] = heap_malloc(TAKEN_SIZE);
+        memset(taken_blocks[i], 0xB, TAKEN_SIZE);
+        taken_from_owner += taken_in(taken_owner_blocks, TAKEN_BLOCKS, taken_blocks[i]);
+    }
+    taken_first_from_owner = taken_in(taken_owner_blocks, TAKEN_BLOCKS, taken_blocks[0]);
+    taken_step = 2;
+    wait_for(&taken_step, 3);
+    bool whole = true;
+    for (int i = 0; i < TAKEN_TAKES; i++) {
+        for (int k = 0; k < TAKEN_SIZE; k++)
+            whole &= taken_blocks[i][k] == 0xB;
+        free(taken_blocks[i]);
+    }
+    hak_collect(true); /* the taken blocks still cached go back to the owner's slabs */
+    return whole ? (void *)1 : NULL;
+}
+
+static void test_takes_sleeping_owners_frees(void)
+{
+    hak_stats_t before, after;
+    hak_stats_get(&before);
+    pthread_t owner, taker;
+    pthread_create(&owner, NULL, taken_owner, NULL);
+    wait_for(&taken_step, 1);
+    pthread_create(&taker, NULL, taken_taker, NULL);
+    void *whole;
+    pthread_join(taker, &whole);
+    taken_step = 4;
+    pthread_join(owner, NULL);
+    hak_stats_get(&after);
+    CHECK(taken_first_from_owner);
+    CHECK(taken_from_owner >= 200);
+    CHECK(taken_overlaps == 0);
+    CHECK(whole != NULL);
+    CHECK(after.tiny_bytes <= before.tiny_bytes + (16u << 10));
+    printf("sleeping owner's frees taken: %zu of %d blocks; tiny blocks in use %zu KiB at the end, %zu before\n",
+           taken_from_owner, TAKEN_TAKES, after.tiny_bytes >> 10, before.tiny_bytes >> 10);
+}
+
 /* A block freed while its slab holds others goes on the slab's list, and
  * the next malloc of the class takes that list whole (heap_alloc_slow's
  * batch path: 96 KiB blocks, two to a slab), or to the cache (up to
@@ -1264,6 +1361,7 @@ int main(int argc, char **argv)
     check_expected_build();
     if (argc > 1)
         per_producer = atol(argv[1]);
+    test_takes_sleeping_owners_frees();
     test_producer_consumer();
     test_thread_churn();
     test_short_threads();
