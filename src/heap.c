@@ -919,9 +919,11 @@ static bool heap_take_freed_into(heap_t *heap, unsigned c)
 }
 
 /* Another slab for class c's cache: an owned one, else an exited thread's
- * heap taken over (its slabs join the owned ones), else an owned slab
- * whose vacant pages meshing gave back, else a new slab, after a meshing
- * pass where one is due (HAKMEM_MESH); NULL if none could be had. With plenty, an owned slab must not be scarce:
+ * heap taken over (its slabs join the owned ones), else (NULL, the cache
+ * filled) another heap's remote frees (heap_take_freed_into), else an
+ * owned slab whose vacant pages meshing gave back, else a new slab, after
+ * a meshing pass where one is due (HAKMEM_MESH); NULL if none could be
+ * had. With plenty, an owned slab must not be scarce:
  * the current one is, and a program whose live blocks of one size filled
  * their slab, freeing and taking them back at random, found one block at
  * a time there (1 KiB blocks, 64 live: a refill at every malloc, 268
